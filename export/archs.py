@@ -1,0 +1,91 @@
+"""Supported architectures: a registry keyed by the Hugging Face `model_type`.
+
+Each entry says how a decoder-only Llama-family model differs from plain Llama: which projections carry
+biases, whether q/k get a per-head RMSNorm, which layers use sliding-window attention, and where its rotary
+embedding lives in transformers. Adding an architecture is one `register(...)` call here, plus a tiny
+config in the tests. The graph builder reads nothing model-specific from anywhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UnsupportedModelError
+
+Config = Any  # a transformers PretrainedConfig
+
+
+def _attention_bias(config: Config) -> frozenset[str]:
+    return frozenset({"q", "k", "v", "o"}) if getattr(config, "attention_bias", False) else frozenset()
+
+
+def _window_from_layer_types(config: Config, layer: int) -> int | None:
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and layer_types[layer] == "sliding_attention":
+        return config.sliding_window
+    return None
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    model_type: str
+    rotary: str  # dotted path of the transformers rotary-embedding class (cos/sin exactly as HF computes)
+    biases: Callable[[Config], frozenset[str]] = (
+        _attention_bias  # projections with a bias: q k v o gate up down
+    )
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
+    window: Callable[[Config, int], int | None] = _window_from_layer_types  # sliding window of layer i
+    hidden_acts: tuple[str, ...] = ("silu",)
+
+
+REGISTRY: dict[str, ArchSpec] = {}
+
+
+def register(spec: ArchSpec) -> ArchSpec:
+    REGISTRY[spec.model_type] = spec
+    return spec
+
+
+def lookup(model_type: str) -> ArchSpec:
+    spec = REGISTRY.get(model_type)
+    if spec is None:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(sorted(REGISTRY))}"
+        )
+    return spec
+
+
+register(
+    ArchSpec(
+        "llama",
+        rotary="transformers.models.llama.modeling_llama.LlamaRotaryEmbedding",
+        biases=lambda c: (
+            _attention_bias(c)
+            | (frozenset({"gate", "up", "down"}) if getattr(c, "mlp_bias", False) else frozenset())
+        ),
+    )
+)
+register(
+    ArchSpec(
+        "mistral",
+        rotary="transformers.models.mistral.modeling_mistral.MistralRotaryEmbedding",
+        biases=lambda c: frozenset(),
+        window=lambda c, layer: getattr(c, "sliding_window", None),  # every layer, when set
+    )
+)
+register(
+    ArchSpec(
+        "qwen2",
+        rotary="transformers.models.qwen2.modeling_qwen2.Qwen2RotaryEmbedding",
+        biases=lambda c: frozenset({"q", "k", "v"}),
+    )
+)
+register(
+    ArchSpec(
+        "qwen3",
+        rotary="transformers.models.qwen3.modeling_qwen3.Qwen3RotaryEmbedding",
+        qk_norm=True,
+    )
+)

@@ -1,0 +1,280 @@
+"""The ONNX graph: one Llama-family decoder serving prefill, decode and verify over in-place KV buffers.
+
+Inputs: input_ids [1, S], seqlens_k [1] (= total length - 1), total_sequence_length (scalar),
+logits_to_keep [1], and per layer past key/value buffers [1, kv_heads, max_seq_len, head_dim].
+Outputs: logits [1, logits_to_keep, vocab] and per layer present key/value, which the runtime binds to
+the same buffers as the past inputs. com.microsoft.GroupQueryAttention then writes the S new keys and
+values in place at [past, past + S) and applies RoPE from cos/sin tables computed by transformers' own
+rotary class, so positions, scaling variants and attention factors match the PyTorch model exactly.
+
+Weights stream from the checkpoint one tensor at a time into the external-data file; q/k/v and gate/up
+projections are fused into one MatMul each (fewer, larger kernels).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+
+from ..manifest import Architecture, GraphSpec, Quantization
+from .archs import ArchSpec
+from .progress import Progress
+from .source import HFCheckpoint
+from .weights import ExternalData, quantize_blockwise
+
+OPSET = 18
+MS_DOMAIN = "com.microsoft"
+
+
+class GraphBuilder:
+    """Collects nodes and initializers; knows how to emit a (quantized) linear layer and an RMSNorm."""
+
+    def __init__(self, data: ExternalData, quant: Quantization):
+        self.data, self.quant = data, quant
+        self.nodes: list = []
+        self.initializers: list = []
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(self.data.tensor(name, array))
+        return name
+
+    def op(
+        self,
+        op_type: str,
+        inputs: list[str],
+        name: str,
+        n_out: int | list[str] = 1,
+        domain: str = "",
+        **attrs,
+    ):
+        """Append a node; returns its output name (or names when it has several)."""
+        from onnx import helper
+
+        if isinstance(n_out, list):
+            outputs = n_out
+        else:
+            outputs = [f"{name}/out{i}" if n_out > 1 else f"{name}/out" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, domain=domain, **attrs))
+        return outputs if len(outputs) > 1 else outputs[0]
+
+    def linear(self, x: str, name: str, weight: np.ndarray, bias: np.ndarray | None, quantize: bool) -> str:
+        """y = x W^T + b for an HF weight [out, in]: MatMul in fp32, MatMulNBits when quantized."""
+        q = self.quant
+        if quantize and q.method != "none":
+            packed, scales = quantize_blockwise(weight.T, q.bits, q.block_size)
+            attrs = {"K": weight.shape[1], "N": weight.shape[0], "bits": q.bits, "block_size": q.block_size}
+            if q.accuracy_level:
+                attrs["accuracy_level"] = q.accuracy_level
+            inputs = [x, self.const(f"{name}.qweight", packed), self.const(f"{name}.scales", scales)]
+            y = self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, **attrs)
+        else:
+            y = self.op("MatMul", [x, self.const(f"{name}.weight", weight.T)], name)
+        if bias is not None:
+            y = self.op("Add", [y, self.const(f"{name}.bias", bias)], f"{name}/bias")
+        return y
+
+    def rms_norm(self, x: str, weight: np.ndarray, eps: float, name: str) -> str:
+        # ORT's SimplifiedLayerNormalization is RMSNorm (float32 statistics); ORT fuses it with the
+        # preceding residual Add into SkipSimplifiedLayerNormalization.
+        return self.op(
+            "SimplifiedLayerNormalization",
+            [x, self.const(f"{name}.weight", weight)],
+            name,
+            axis=-1,
+            epsilon=eps,
+        )
+
+
+def rotary_tables(config, spec: ArchSpec, max_seq_len: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [max_seq_len, head_dim / 2] from the model's own transformers rotary embedding."""
+    import torch
+
+    module_name, cls_name = spec.rotary.rsplit(".", 1)
+    rotary = getattr(importlib.import_module(module_name), cls_name)(config)
+    with torch.no_grad():
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(max_seq_len)[None])
+    half = head_dim // 2
+    return cos[0, :, :half].numpy().copy(), sin[0, :, :half].numpy().copy()
+
+
+def build_graph(
+    ckpt: HFCheckpoint,
+    spec: ArchSpec,
+    arch: Architecture,
+    max_seq_len: int,
+    quant: Quantization,
+    out_dir: Path,
+    progress: Progress,
+) -> GraphSpec:
+    """Write model.onnx and model.onnx.data into `out_dir`; return the names the manifest records."""
+    from onnx import helper, save_model
+
+    g = GraphSpec(opset=OPSET)
+    data = ExternalData(out_dir / g.data_file)
+    decoder = _Decoder(GraphBuilder(data, quant), ckpt, spec, arch, g, max_seq_len)
+    x = decoder.embed()
+    with progress.bar(arch.num_layers, f"building graph ({quant.method})", unit="layer") as bar:
+        for i in range(arch.num_layers):
+            x = decoder.attention(i, x)
+            x = decoder.mlp(i, x)
+            bar.update(1)
+    decoder.lm_head(x, quantize=quant.lm_head)
+    data.close()
+
+    b = decoder.b
+    graph = helper.make_graph(b.nodes, "specrt_decoder", decoder.inputs, decoder.outputs, b.initializers)
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+        producer_name="specrt",
+    )
+    model.ir_version = 9
+    save_model(model, str(out_dir / g.model_file))
+    return g
+
+
+class _Decoder:
+    """Emits the decoder block by block, pulling each weight from the checkpoint when it is needed."""
+
+    def __init__(
+        self,
+        b: GraphBuilder,
+        ckpt: HFCheckpoint,
+        spec: ArchSpec,
+        arch: Architecture,
+        g: GraphSpec,
+        max_seq_len: int,
+    ):
+        from onnx import TensorProto, helper
+
+        self.b, self.ckpt, self.spec, self.arch, self.g, self.max_seq_len = (
+            b,
+            ckpt,
+            spec,
+            arch,
+            g,
+            max_seq_len,
+        )
+        self.biases = spec.biases(ckpt.config)
+        self._kv_info = lambda name: helper.make_tensor_value_info(
+            name, TensorProto.FLOAT, ["batch", arch.num_kv_heads, max_seq_len, arch.head_dim]
+        )
+        self.inputs = [
+            helper.make_tensor_value_info(g.input_ids, TensorProto.INT64, ["batch", "sequence"]),
+            helper.make_tensor_value_info(g.seqlens_k, TensorProto.INT32, ["batch"]),
+            helper.make_tensor_value_info(g.total_sequence_length, TensorProto.INT32, []),
+            helper.make_tensor_value_info(g.logits_to_keep, TensorProto.INT64, [1]),
+        ]
+        self.outputs = [
+            helper.make_tensor_value_info(g.logits, TensorProto.FLOAT, ["batch", "keep", arch.vocab_size])
+        ]
+
+    def w(self, name: str) -> np.ndarray:
+        return self.ckpt.tensor(name)
+
+    def fused(self, prefix: str, parts: tuple[str, ...], kind: str) -> np.ndarray | None:
+        """Concatenate the weights (kind='weight') or biases of several projections along the output."""
+        if kind == "bias" and parts[0] not in self.biases:
+            return None
+        return np.concatenate([self.w(f"{prefix}.{part}_proj.{kind}") for part in parts])
+
+    def embed(self) -> str:
+        b = self.b
+        cos, sin = rotary_tables(self.ckpt.config, self.spec, self.max_seq_len, self.arch.head_dim)
+        b.const("cos_cache", cos)
+        b.const("sin_cache", sin)
+        table = b.const("embed_tokens.weight", self.w("model.embed_tokens.weight"))
+        return b.op("Gather", [table, self.g.input_ids], "embed")
+
+    def attention(self, i: int, x: str) -> str:
+        b, arch, g = self.b, self.arch, self.g
+        nh, kvh, d, eps = arch.num_heads, arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps
+        p, n = f"model.layers.{i}.self_attn", f"layers.{i}/attn"
+        h = b.rms_norm(x, self.w(f"model.layers.{i}.input_layernorm.weight"), eps, f"{n}/input_norm")
+        qkv = b.linear(
+            h,
+            f"{n}/qkv_proj",
+            self.fused(p, ("q", "k", "v"), "weight"),
+            self.fused(p, ("q", "k", "v"), "bias"),
+            quantize=True,
+        )
+        if self.spec.qk_norm:
+            sizes = b.const(f"{n}/qkv_sizes", np.array([nh * d, kvh * d, kvh * d]))
+            q, k, v = b.op("Split", [qkv, sizes], f"{n}/split", n_out=3, axis=-1)
+            q = _head_norm(b, q, self.w(f"{p}.q_norm.weight"), nh, d, eps, f"{n}/q_norm")
+            k = _head_norm(b, k, self.w(f"{p}.k_norm.weight"), kvh, d, eps, f"{n}/k_norm")
+            qkv_in = [q, k, v]
+        else:
+            qkv_in = [qkv, "", ""]  # packed QKV: GroupQueryAttention splits it itself
+        past_k, past_v, present_k, present_v = g.kv_names(i)
+        self.inputs += [self._kv_info(past_k), self._kv_info(past_v)]
+        self.outputs += [self._kv_info(present_k), self._kv_info(present_v)]
+        attrs = {
+            "num_heads": nh,
+            "kv_num_heads": kvh,
+            "do_rotary": 1,
+            "rotary_interleaved": 0,
+            "scale": float(d**-0.5),
+        }
+        window = self.spec.window(self.ckpt.config, i)
+        if window is not None and window < self.max_seq_len:
+            attrs["local_window_size"] = int(window)  # same span as transformers' sliding-window mask
+        attn = b.op(
+            "GroupQueryAttention",
+            [*qkv_in, past_k, past_v, g.seqlens_k, g.total_sequence_length, "cos_cache", "sin_cache"],
+            f"{n}/gqa",
+            n_out=[f"{n}/out", present_k, present_v],
+            domain=MS_DOMAIN,
+            **attrs,
+        )[0]
+        bias = self.w(f"{p}.o_proj.bias") if "o" in self.biases else None
+        o = b.linear(attn, f"{n}/o_proj", self.w(f"{p}.o_proj.weight"), bias, quantize=True)
+        return b.op("Add", [x, o], f"{n}/residual")
+
+    def mlp(self, i: int, x: str) -> str:
+        b, arch = self.b, self.arch
+        p, n = f"model.layers.{i}.mlp", f"layers.{i}/mlp"
+        h = b.rms_norm(
+            x,
+            self.w(f"model.layers.{i}.post_attention_layernorm.weight"),
+            arch.rms_norm_eps,
+            f"{n}/post_attention_norm",
+        )
+        gu = b.linear(
+            h,
+            f"{n}/gate_up_proj",
+            self.fused(p, ("gate", "up"), "weight"),
+            self.fused(p, ("gate", "up"), "bias"),
+            quantize=True,
+        )
+        sizes = b.const(f"{n}/gate_up_sizes", np.array([arch.intermediate_size] * 2))
+        gate, up = b.op("Split", [gu, sizes], f"{n}/split", n_out=2, axis=-1)
+        silu = b.op("Mul", [gate, b.op("Sigmoid", [gate], f"{n}/sigmoid")], f"{n}/silu")
+        gated = b.op("Mul", [silu, up], f"{n}/gated")
+        bias = self.w(f"{p}.down_proj.bias") if "down" in self.biases else None
+        down = b.linear(gated, f"{n}/down_proj", self.w(f"{p}.down_proj.weight"), bias, quantize=True)
+        return b.op("Add", [x, down], f"{n}/residual")
+
+    def lm_head(self, x: str, quantize: bool) -> None:
+        b, g, arch = self.b, self.g, self.arch
+        h = b.rms_norm(x, self.w("model.norm.weight"), arch.rms_norm_eps, "final_norm")
+        # Only the last `logits_to_keep` positions reach the LM head: prefill and draft steps need one row.
+        start = b.op("Neg", [g.logits_to_keep], "keep_start")
+        end = b.const("keep_end", np.array([np.iinfo(np.int64).max]))
+        h = b.op("Slice", [h, start, end, b.const("keep_axis", np.array([1]))], "keep_last")
+        head = "model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"
+        logits = b.linear(h, "lm_head", self.w(head), None, quantize=quantize)
+        b.op("Identity", [logits], "logits", n_out=[g.logits])
+
+
+def _head_norm(b: GraphBuilder, x: str, weight: np.ndarray, heads: int, d: int, eps: float, name: str) -> str:
+    """RMSNorm over head_dim of each head (Qwen3's q_norm / k_norm): [1, S, heads*d] -> same shape."""
+    split = b.op(
+        "Reshape", [x, b.const(f"{name}/heads_shape", np.array([0, 0, heads, d]))], f"{name}/to_heads"
+    )
+    normed = b.rms_norm(split, weight, eps, name)
+    return b.op(
+        "Reshape", [normed, b.const(f"{name}/flat_shape", np.array([0, 0, heads * d]))], f"{name}/flat"
+    )

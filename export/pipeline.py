@@ -1,0 +1,188 @@
+"""The export pipeline: checkpoint -> graph + tokenizer -> validation -> manifest (written last).
+
+`export_bundle` is what `specrt export` runs. Any failure leaves the output folder without a manifest,
+so a half-built folder is never mistaken for a bundle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import ExportError, UnsupportedModelError
+from ..manifest import MANIFEST_FILE, ROLES, Architecture, Manifest, Quantization, Source
+from .archs import ArchSpec, lookup
+from .progress import Progress
+from .source import HFCheckpoint, open_checkpoint
+
+QUANT_METHODS = {"none": None, "int8": 8, "int4": 4}
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+_BUNDLE_FILES = ("manifest.json", "model.onnx", "model.onnx.data", "tokenizer.json", "chat_template.jinja")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    role: str = "target"
+    max_seq_len: int | None = None  # default: min(max_position_embeddings, 4096)
+    dtype: str = "fp32"
+    quant: str = "none"  # none | int8 | int4 (MatMulNBits, symmetric, block-wise)
+    block_size: int = 32
+    accuracy_level: int = 4  # MatMulNBits compute type: 4 = int8 activations (fastest on CPU)
+    quantize_lm_head: bool = True
+    validate: bool = True
+    name: str | None = None
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ExportError(f"role {self.role!r} is not one of {', '.join(ROLES)}")
+        if self.dtype != "fp32":
+            raise ExportError(f"dtype {self.dtype!r} is not supported yet; use --dtype fp32")
+        if self.quant not in QUANT_METHODS:
+            raise ExportError(f"quant {self.quant!r} is not one of {', '.join(QUANT_METHODS)}")
+        if self.block_size not in (16, 32, 64, 128, 256):
+            raise ExportError(f"block size {self.block_size} is not one of 16, 32, 64, 128, 256")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ExportError(f"accuracy level {self.accuracy_level} is not in 0..4")
+        if self.max_seq_len is not None and self.max_seq_len < 32:
+            raise ExportError(f"max_seq_len {self.max_seq_len} is too small; use at least 32")
+
+    def quantization(self) -> Quantization:
+        bits = QUANT_METHODS[self.quant]
+        if bits is None:
+            return Quantization()
+        return Quantization(
+            self.quant, bits, self.block_size, self.accuracy_level, True, self.quantize_lm_head
+        )
+
+
+def architecture_of(config, spec: ArchSpec) -> Architecture:
+    act = getattr(config, "hidden_act", "silu")
+    if act not in spec.hidden_acts:
+        raise UnsupportedModelError(
+            f"hidden_act {act!r} is not supported for {spec.model_type}; supported: silu"
+        )
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope_type {rope_type!r} is not supported (its tables depend on the sequence length); "
+            f"supported: {', '.join(STATIC_ROPE_TYPES)}"
+        )
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if head_dim % 16:
+        raise UnsupportedModelError(
+            f"head_dim {head_dim} is not supported: GroupQueryAttention with rotary embedding "
+            "needs a multiple of 16"
+        )
+    return Architecture(
+        model_type=config.model_type,
+        num_layers=config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        rms_norm_eps=float(config.rms_norm_eps),
+        rope_type=rope_type,
+        rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        sliding_window=getattr(config, "sliding_window", None),
+    )
+
+
+def _require_extras() -> None:
+    import importlib
+
+    for name in ("torch", "transformers", "onnx", "safetensors"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise ExportError(
+                f"the exporter needs {name}, which is not installed: pip install 'specrt[export]'"
+            ) from None
+
+
+def _prepare_out(out: Path, model_path: Path, overwrite: bool) -> None:
+    if out.resolve() == model_path.resolve():
+        raise ExportError(f"--out {out} is the model folder itself; choose a new folder")
+    if out.exists():
+        if not out.is_dir():
+            raise ExportError(f"--out {out} is a file; choose a folder")
+        present = {p.name for p in out.iterdir()}
+        if MANIFEST_FILE in present and not overwrite:
+            raise ExportError(f"{out} already holds a bundle; pass --overwrite to replace it")
+        foreign = present - set(_BUNDLE_FILES) - {MANIFEST_FILE + ".tmp"}
+        if foreign:
+            raise ExportError(
+                f"{out} holds other files ({', '.join(sorted(foreign)[:3])}); export into an empty folder"
+            )
+        (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is no longer a bundle until we finish
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def export_bundle(
+    model: str | Path, out: str | Path, options: ExportOptions, progress: Progress | None = None
+):
+    """Export a checkpoint into a bundle folder; returns the Manifest written there."""
+    _require_extras()
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+
+    from .. import __version__
+    from .graph import build_graph
+    from .validate import validate
+
+    progress = progress or Progress()
+    out = Path(out)
+    with progress.stage(f"loading {model}"):
+        ckpt: HFCheckpoint = open_checkpoint(model)
+        spec = lookup(ckpt.config.model_type)
+        arch = architecture_of(ckpt.config, spec)
+    max_seq_len = options.max_seq_len or min(getattr(ckpt.config, "max_position_embeddings", 4096), 4096)
+    _prepare_out(out, ckpt.path, options.overwrite)
+    try:
+        source = Source(
+            str(ckpt.path.resolve()),
+            ckpt.format,
+            ckpt.weights_sha256(progress),
+            [f.name for f in ckpt.weight_files],
+        )
+        with progress.stage("writing tokenizer"):
+            tokenizer = ckpt.save_tokenizer(out)
+        quant = options.quantization()
+        with progress.stage(f"building the graph ({arch.num_layers} layers, {quant.method})"):
+            graph = build_graph(ckpt, spec, arch, max_seq_len, quant, out, progress)
+        manifest = Manifest(
+            name=options.name or ckpt.path.name,
+            role=options.role,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            source=source,
+            architecture=arch,
+            max_seq_len=max_seq_len,
+            dtype=options.dtype,
+            quantization=quant,
+            graph=graph,
+            tokenizer=tokenizer,
+            versions={
+                "specrt": __version__,
+                "onnx": onnx.__version__,
+                "onnxruntime": onnxruntime.__version__,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+            },
+        )
+        if options.validate:
+            with progress.stage("validating against PyTorch"):
+                v = validate(ckpt, out, manifest, gated=quant.method == "none", progress=progress)
+            manifest = replace(manifest, validation=v)
+        manifest.write(out)
+    except BaseException:
+        (out / MANIFEST_FILE).unlink(missing_ok=True)
+        raise
+    return manifest

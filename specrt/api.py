@@ -1,0 +1,94 @@
+"""The public entry point: `load` a target (and optionally a draft) bundle, then `generate`.
+
+    engine = specrt.load(target="engines/qwen-1.5b", draft="engines/qwen-0.5b")
+    gen = engine.generate("def fib(n):", specrt.GenerationOptions(max_new_tokens=64))
+    for text in gen:
+        print(text, end="", flush=True)
+    print(gen.stats.summary())
+
+An Engine owns one KV cache per model, so it runs one generation at a time; create one Engine per worker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from .bundle import check_pair, open_bundle
+from .errors import PromptError
+from .generate import Generation
+from .options import GenerationOptions
+from .session import ModelSession, SessionOptions
+from .speculative import Speculator
+
+PathLike = str | os.PathLike
+
+
+class Engine:
+    def __init__(
+        self,
+        target: PathLike,
+        draft: PathLike | None = None,
+        session_options: SessionOptions | None = None,
+        draft_session_options: SessionOptions | None = None,
+    ):
+        target_bundle = open_bundle(target)
+        draft_bundle = open_bundle(draft) if draft is not None else None
+        if draft_bundle is not None:
+            check_pair(target_bundle, draft_bundle)  # before any weights are loaded
+        self.tokenizer = target_bundle.load_tokenizer()
+        session_options = session_options or SessionOptions()
+        self.target = ModelSession(target_bundle, session_options)
+        self.draft = (
+            ModelSession(draft_bundle, draft_session_options or session_options) if draft_bundle else None
+        )
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.target.max_len
+
+    def encode(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
+        if not isinstance(prompt, str):
+            raise PromptError(f"prompt must be text, got {type(prompt).__name__}")
+        return self.tokenizer.encode_chat(prompt, system) if chat else self.tokenizer.encode(prompt)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        options: GenerationOptions | None = None,
+        *,
+        chat: bool = False,
+        system: str | None = None,
+    ) -> Generation:
+        """Start a streaming generation; iterate it for text. With options.num_draft_tokens == 0, or no
+        draft loaded, this is plain target-only decoding through the same loop."""
+        options = options or GenerationOptions()
+        ids = self.encode(prompt, chat, system) if isinstance(prompt, str) else [int(t) for t in prompt]
+        vocab = self.target.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise PromptError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        draft = self.draft if options.num_draft_tokens > 0 else None
+        return Generation(Speculator(self.target, draft, options), self.tokenizer, ids)
+
+    def complete(
+        self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **kw
+    ) -> Generation:
+        """Run a generation to the end and return it (text, token_ids, stats, finish_reason)."""
+        return self.generate(prompt, options, **kw).consume()
+
+
+def load(
+    target: PathLike,
+    draft: PathLike | None = None,
+    *,
+    threads: int = 0,
+    device: str = "cpu",
+    draft_threads: int | None = None,
+) -> Engine:
+    """Load bundles for generation. threads=0 lets ONNX Runtime choose."""
+    opts = SessionOptions(device=device, intra_op_threads=threads)
+    draft_opts = SessionOptions(
+        device=device, intra_op_threads=threads if draft_threads is None else draft_threads
+    )
+    return Engine(target, draft, opts, draft_opts)

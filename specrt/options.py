@@ -1,0 +1,53 @@
+"""Generation options: what to produce and how to sample it. Frozen, validated, independent of engines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import OptionsError
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no top-k
+    top_p: float = 1.0  # 1: no top-p
+    seed: int | None = None
+    num_draft_tokens: int = 4  # k; 0 turns speculation off (target-only decoding)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        checks = [
+            ("max_new_tokens", _is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
+            ("temperature", _is_num(self.temperature) and self.temperature >= 0, ">= 0 (0 means greedy)"),
+            ("top_k", _is_int(self.top_k) and self.top_k >= 0, "an integer >= 0 (0 disables it)"),
+            ("top_p", _is_num(self.top_p) and 0 < self.top_p <= 1, "in (0, 1] (1 disables it)"),
+            ("seed", self.seed is None or _is_int(self.seed) and self.seed >= 0, "an integer >= 0"),
+            (
+                "num_draft_tokens",
+                _is_int(self.num_draft_tokens) and 0 <= self.num_draft_tokens <= 64,
+                "an integer in 0..64 (0 turns speculation off)",
+            ),
+            ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise OptionsError(f"{name} must be {expected}; got {getattr(self, name)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x

@@ -1,0 +1,156 @@
+"""One bundle loaded into ONNX Runtime: an InferenceSession, its IO binding and its KV cache.
+
+`ModelSession.forward(ids, keep)` appends `ids` to the cached context in one graph run (prefill, a 1-token
+decode step and a (k+1)-token verify pass are the same call) and returns the logits of the last `keep`
+positions. The KV buffers are bound once as both the graph's past inputs and present outputs, so the graph
+updates them in place. This module knows nothing about sampling or speculation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bundle import Bundle
+from .errors import BundleError, OptionsError
+from .kvcache import KVCache
+
+DEVICES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a bundle runs: device, threads, spinning. Kept apart from generation options."""
+
+    device: str = "cpu"  # cpu | cuda
+    device_id: int = 0
+    intra_op_threads: int = 0  # 0: ONNX Runtime's default (one per physical core)
+    inter_op_threads: int = 1
+    allow_spinning: bool = True
+    graph_optimization: str = "all"  # disable | basic | extended | all
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise OptionsError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
+            raise OptionsError("thread counts must be >= 0 (0 lets ONNX Runtime choose)")
+        if self.graph_optimization not in ("disable", "basic", "extended", "all"):
+            raise OptionsError(
+                f"graph_optimization {self.graph_optimization!r} is not one of disable, basic, extended, all"
+            )
+
+
+class ModelSession:
+    def __init__(self, bundle: Bundle, options: SessionOptions | None = None):
+        import onnxruntime as ort
+
+        self.bundle = bundle
+        self.options = options = options or SessionOptions()
+        m = bundle.manifest
+        self.graph = g = m.graph
+        self.vocab_size = m.architecture.vocab_size
+
+        provider = DEVICES[options.device]
+        available = ort.get_available_providers()
+        if provider not in available:
+            raise OptionsError(
+                f"device {options.device!r} needs {provider}, which this onnxruntime lacks "
+                f"(has {', '.join(available)}); install onnxruntime-gpu: pip install 'specrt[gpu]'"
+            )
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = options.intra_op_threads
+        so.inter_op_num_threads = options.inter_op_threads
+        so.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[options.graph_optimization]
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
+        so.log_severity_level = 3
+        providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
+        try:
+            self.session = ort.InferenceSession(str(bundle.model_path), so, providers=providers)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise BundleError(
+                f"{bundle.model_path}: ONNX Runtime cannot load the graph ({first}); re-export the bundle"
+            ) from None
+        self._check_io()
+
+        arch = m.architecture
+        self.kv = KVCache(
+            arch.num_layers,
+            arch.num_kv_heads,
+            m.max_seq_len,
+            arch.head_dim,
+            np.float32,
+            options.device,
+            options.device_id,
+        )
+        self._io = self.session.io_binding()
+        for layer, (key, value) in enumerate(self.kv.layers):
+            past_k, past_v, present_k, present_v = g.kv_names(layer)
+            self._io.bind_ortvalue_input(past_k, key)
+            self._io.bind_ortvalue_input(past_v, value)
+            # Same OrtValue as the past input: GroupQueryAttention sees shared buffers and writes in place.
+            self._io.bind_ortvalue_output(present_k, key)
+            self._io.bind_ortvalue_output(present_v, value)
+        self._logits: dict[int, np.ndarray] = {}
+
+    @property
+    def max_len(self) -> int:
+        return self.kv.max_len
+
+    def _check_io(self) -> None:
+        g, n = self.graph, self.bundle.manifest.architecture.num_layers
+        have_in = {i.name for i in self.session.get_inputs()}
+        have_out = {o.name for o in self.session.get_outputs()}
+        want_in = {g.input_ids, g.seqlens_k, g.total_sequence_length, g.logits_to_keep}
+        want_out = {g.logits}
+        for layer in range(n):
+            pk, pv, ok, ov = g.kv_names(layer)
+            want_in |= {pk, pv}
+            want_out |= {ok, ov}
+        missing = sorted(want_in - have_in) + sorted(want_out - have_out)
+        if missing:
+            raise BundleError(
+                f"{self.bundle.model_path}: graph lacks {', '.join(missing[:4])} named by the manifest; "
+                "re-export the bundle"
+            )
+
+    def _logits_buffer(self, keep: int) -> np.ndarray:
+        # One preallocated host buffer per width: ORT writes logits straight into it, no extra copy.
+        buf = self._logits.get(keep)
+        if buf is None:
+            buf = self._logits[keep] = np.empty((1, keep, self.vocab_size), np.float32)
+        return buf
+
+    def forward(self, ids: Sequence[int], keep: int = 1) -> np.ndarray:
+        """Run `ids` after the cached context; return logits [keep, vocab] of the last `keep` positions.
+
+        The returned array is reused by the next call with the same `keep`: read it before that call.
+        """
+        n = len(ids)
+        if n == 0 or not 1 <= keep <= n:
+            raise ValueError(f"forward needs 1 <= keep ({keep}) <= len(ids) ({n})")
+        total = self.kv.length + n
+        if total > self.kv.max_len:
+            raise ValueError(f"KV cache overflow: {self.kv.length} + {n} > max_len {self.kv.max_len}")
+        g, io = self.graph, self._io
+        # Locals keep the host arrays alive until the run is over.
+        input_ids = np.asarray(ids, dtype=np.int64).reshape(1, n)
+        seqlens_k = np.array([total - 1], np.int32)
+        total_len = np.array(total, np.int32)
+        keep_arr = np.array([keep], np.int64)
+        io.bind_cpu_input(g.input_ids, input_ids)
+        io.bind_cpu_input(g.seqlens_k, seqlens_k)
+        io.bind_cpu_input(g.total_sequence_length, total_len)
+        io.bind_cpu_input(g.logits_to_keep, keep_arr)
+        out = self._logits_buffer(keep)
+        io.bind_output(g.logits, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        self.session.run_with_iobinding(io)
+        self.kv.advance(list(ids))
+        return out[0]

@@ -1,0 +1,158 @@
+"""Losslessness, sampled: speculative sampling reproduces the target's distribution exactly.
+
+Tiny vocabulary (8 tokens), a target and a noisy draft that disagrees with it often. We compute the exact
+target distribution of the continuation by enumerating every prefix through the target session, sample
+many continuations speculatively (k = 2, so drafts, acceptances, rejections and the bonus token all
+occur), and compare empirical with exact frequencies.
+
+Bound (Bretagnolle-Huber-Carol): for N samples of a distribution with K outcomes,
+P(||p_hat - p||_1 >= eps) <= 2^K exp(-N eps^2 / 2), so eps = sqrt(2 (K ln 2 + ln(1/delta)) / N) is exceeded
+with probability at most delta. We check the joint of the three speculative positions (K = 512) and each
+position's marginal (K = 8), splitting delta = 1e-6 across the checks. The same check must FAIL on
+deliberately broken acceptance rules (the mutations below), proving it can catch a wrong sampler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import specrt
+from specrt import GenerationOptions, speculative
+from specrt.sampling import warp
+
+VOCAB = 8
+PROMPT = [3, 5, 4, 6, 7]
+NEW = 4  # the first token comes from prefill; a k = 2 round then yields the next three
+DELTA = 1e-6
+
+
+@pytest.fixture(scope="module")
+def engine(zoo):
+    zoo.checkpoint("small-vocab-target", "llama", vocab_size=VOCAB, layers=2, seed=11, init_range=0.3)
+    zoo.checkpoint("small-vocab-draft", noise_from="small-vocab-target", vocab_size=VOCAB, noise=0.1, seed=12)
+    target = zoo.bundle("small-vocab-target", "small-vocab-target")
+    draft = zoo.bundle("small-vocab-draft", "small-vocab-draft", role="draft")
+    return specrt.load(target, draft)
+
+
+def exact_distribution(engine, options) -> np.ndarray:
+    """P(t1..t4 | PROMPT) under the warped target, by enumerating prefixes: shape [V, V, V, V]."""
+    session = engine.target
+    warp_row = lambda logits: warp(logits[-1:], options.temperature, options.top_k, options.top_p)[0]  # noqa: E731
+    probs = np.zeros((VOCAB,) * NEW)
+    session.kv.reset()
+    p1 = warp_row(session.forward(PROMPT, keep=1))
+    base = session.kv.length
+    for prefix in itertools.product(range(VOCAB), repeat=NEW - 1):
+        mass = p1[prefix[0]]
+        for i in range(1, NEW - 1):  # P(t_{i+1} | t_1..t_i)
+            if mass == 0:
+                break
+            session.kv.truncate(base)
+            mass *= warp_row(session.forward(list(prefix[:i]), keep=1))[prefix[i]]
+        if mass == 0:
+            continue
+        session.kv.truncate(base)
+        probs[prefix] = mass * warp_row(session.forward(list(prefix), keep=1))
+    session.kv.reset()
+    return probs
+
+
+def sample_counts(engine, options, n: int) -> np.ndarray:
+    counts = np.zeros((VOCAB,) * NEW)
+    for seed in range(n):
+        gen = engine.complete(PROMPT, GenerationOptions(**{**options.__dict__, "seed": seed}))
+        counts[tuple(gen.token_ids)] += 1
+    return counts
+
+
+def distance_report(exact: np.ndarray, counts: np.ndarray) -> list[tuple[str, float, float]]:
+    """(statistic, L1 distance, bound) for the joint of positions 2..4 and each position's marginal."""
+    n = counts.sum()
+    checks = [("joint t2..t4", (1, 2, 3))] + [(f"marginal t{i + 1}", (i,)) for i in range(1, NEW)]
+    delta = DELTA / len(checks)
+    out = []
+    for name, axes in checks:
+        drop = tuple(a for a in range(NEW) if a not in axes)
+        p, q = exact.sum(axis=drop).ravel(), counts.sum(axis=drop).ravel() / n
+        bound = math.sqrt(2 * (p.size * math.log(2) + math.log(1 / delta)) / n)
+        out.append((name, float(np.abs(p - q).sum()), bound))
+    return out
+
+
+def failed(report) -> list[str]:
+    return [f"{name}: L1 {d:.4f} > bound {b:.4f}" for name, d, b in report if d > b]
+
+
+SETTINGS = {
+    "plain": dict(temperature=1.0),
+    "warped": dict(temperature=0.7, top_k=6, top_p=0.9),
+}
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_speculative_sampling_matches_target(engine, setting):
+    options = GenerationOptions(max_new_tokens=NEW, num_draft_tokens=2, ignore_eos=True, **SETTINGS[setting])
+    exact = exact_distribution(engine, options)
+    assert math.isclose(exact.sum(), 1.0, rel_tol=1e-9)
+    counts = sample_counts(engine, options, 30_000)
+    report = distance_report(exact, counts)
+    assert not failed(report), report
+    # The draft really disagrees with the target, so rejections and residual resampling were exercised.
+    gen = engine.complete(
+        PROMPT,
+        GenerationOptions(
+            max_new_tokens=200, num_draft_tokens=2, ignore_eos=True, seed=0, **SETTINGS[setting]
+        ),
+    )
+    assert 0.2 < gen.stats.acceptance_rate < 0.95, gen.stats.acceptance_rate
+
+
+def _accept_always(p_target, p_draft):
+    return 1.0
+
+
+def _inverted_ratio(p_target, p_draft):
+    return min(1.0, p_draft / p_target) if p_target > 0 else 1.0
+
+
+def _resample_from_target(p_target, p_draft):
+    return np.asarray(p_target, np.float64)
+
+
+MUTATIONS = {
+    "accept every draft": ("acceptance_probability", _accept_always),
+    "acceptance ratio inverted (q/p)": ("acceptance_probability", _inverted_ratio),
+    "resample from p instead of the residual (p-q)+": ("residual", _resample_from_target),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_broken_acceptance_rule_is_caught(engine, monkeypatch, mutation):
+    name, broken = MUTATIONS[mutation]
+    options = GenerationOptions(max_new_tokens=NEW, num_draft_tokens=2, ignore_eos=True, temperature=1.0)
+    exact = exact_distribution(engine, options)
+    monkeypatch.setattr(speculative, name, broken)
+    report = distance_report(exact, sample_counts(engine, options, 10_000))
+    assert failed(report), f"the distribution check did not notice '{mutation}': {report}"
+
+
+def test_target_only_sampling_matches_target(engine):
+    """The k = 0 path (plain sampling) is held to the same check."""
+    options = GenerationOptions(max_new_tokens=NEW, num_draft_tokens=0, ignore_eos=True, temperature=1.0)
+    report = distance_report(exact_distribution(engine, options), sample_counts(engine, options, 10_000))
+    assert not failed(report), report
+
+
+def test_seed_makes_sampling_reproducible(engine):
+    options = GenerationOptions(
+        max_new_tokens=30, num_draft_tokens=3, temperature=1.0, seed=123, ignore_eos=True
+    )
+    a = engine.complete(PROMPT, options).token_ids
+    b = engine.complete(PROMPT, options).token_ids
+    c = engine.complete(PROMPT, GenerationOptions(**{**options.__dict__, "seed": 124})).token_ids
+    assert a == b and a != c

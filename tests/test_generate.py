@@ -1,0 +1,143 @@
+"""The generate loop and its surfaces: stopping, streaming, stop strings, cache reuse, CLI and API."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import specrt
+from specrt import GenerationOptions
+from specrt.cli import main
+
+
+@pytest.fixture(scope="module")
+def engine(zoo):
+    return specrt.load(zoo.target(), zoo.noisy_draft())
+
+
+@pytest.fixture(scope="module")
+def short(zoo):
+    """Bundles with short KV buffers: target 64 positions, draft only 48."""
+    zoo.target()
+    zoo.noisy_draft()
+    target = zoo.bundle("target-64", "target", max_seq_len=64)
+    draft = zoo.bundle("noisy-48", "noisy", max_seq_len=48, role="draft")
+    return specrt.load(target, draft)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 8])
+def test_reaching_max_seq_len_stops_cleanly(short, k):
+    prompt = "def fibonacci(n):\n    if n < 2:"
+    options = GenerationOptions(max_new_tokens=1000, num_draft_tokens=k, ignore_eos=True)
+    gen = short.complete(prompt, options)
+    assert gen.finish_reason == "length"
+    assert len(gen.prompt_ids) + len(gen.token_ids) == 64
+    assert short.target.kv.length <= 64 and short.draft.kv.length <= 48
+    base = short.complete(prompt, GenerationOptions(max_new_tokens=1000, num_draft_tokens=0, ignore_eos=True))
+    assert gen.token_ids == base.token_ids
+    if k:
+        # Past 48 tokens the draft has no room: those rounds fall back to k = 0 instead of overflowing.
+        assert gen.stats.k_histogram[0] > 0 and gen.stats.drafted > 0
+
+
+def test_prompt_that_nearly_fills_the_buffer(short):
+    ids = short.encode("print(x.sum()) " * 40)[:63]
+    gen = short.complete(ids, GenerationOptions(max_new_tokens=10, ignore_eos=True))
+    assert gen.token_ids and len(gen.token_ids) == 1 and gen.finish_reason == "length"
+
+
+def test_streamed_text_equals_final_text(engine):
+    gen = engine.generate("import numpy as np\n", GenerationOptions(max_new_tokens=48, ignore_eos=True))
+    pieces = list(gen)
+    assert len(pieces) > 1
+    assert "".join(pieces) == gen.text == engine.tokenizer.decode(gen.token_ids)
+
+
+def test_stop_strings_cut_text_and_never_leak(engine):
+    prompt = "for i in range(3):\n"
+    full = engine.complete(prompt, GenerationOptions(max_new_tokens=48, ignore_eos=True)).text
+    # A 2-character stop string whose first occurrence is well inside the text.
+    start = next(i for i in range(5, len(full) - 2) if full.index(full[i : i + 2]) == i)
+    stop = full[start : start + 2]
+    gen = engine.generate(
+        prompt, GenerationOptions(max_new_tokens=48, ignore_eos=True, stop=(stop, "\x00never"))
+    )
+    streamed = "".join(gen)
+    assert gen.finish_reason == "stop"
+    assert streamed == gen.text == full[: full.index(stop)]
+
+
+def test_max_new_tokens_is_exact(engine):
+    for k in (0, 4, 8):
+        gen = engine.complete("a", GenerationOptions(max_new_tokens=7, num_draft_tokens=k, ignore_eos=True))
+        assert len(gen.token_ids) == 7 and gen.finish_reason == "max_new_tokens"
+
+
+def test_cache_reuse_and_cancellation(engine):
+    options = GenerationOptions(max_new_tokens=32, ignore_eos=True)
+    first = engine.complete("The quick brown fox", options)
+    assert engine.target.kv.ids == (first.prompt_ids + first.token_ids)[:-1]
+    assert engine.draft.kv.ids == (first.prompt_ids + first.token_ids)[: engine.draft.kv.length]
+    again = engine.complete("The quick brown fox", options)
+    assert again.token_ids == first.token_ids
+    assert again.stats.prefill_s <= first.stats.prefill_s * 5  # prefill fed one token, not the prompt
+    gen = engine.generate("The quick brown fox jumps", options)
+    for _ in gen:
+        break
+    assert gen.finish_reason == "cancelled"
+    other = engine.complete("The quick", options)
+    fresh = specrt.load(engine.target.bundle.path, engine.draft.bundle.path).complete("The quick", options)
+    assert other.token_ids == fresh.token_ids
+
+
+def test_chat_template(engine):
+    ids = engine.encode("hello", chat=True)
+    text = engine.tokenizer.decode(ids, skip_special_tokens=False)
+    assert text == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    gen = engine.complete("hello", GenerationOptions(max_new_tokens=8), chat=True)
+    assert gen.prompt_ids == ids
+
+
+def test_stats_are_consistent(engine):
+    gen = engine.complete(
+        "x = np.arange(10)", GenerationOptions(max_new_tokens=40, num_draft_tokens=4, ignore_eos=True)
+    )
+    s = gen.stats
+    assert s.new_tokens == 40 == 1 + s.rounds + s.accepted
+    assert sum(s.k_histogram.values()) == s.rounds
+    assert s.drafted == sum(k * n for k, n in s.k_histogram.items())
+    assert 0 < s.acceptance_rate < 1 and 1 < s.tokens_per_target_pass <= 5
+    assert s.total_s >= s.prefill_s and s.tokens_per_s > 0
+    assert json.loads(json.dumps(s.to_dict()))["drafted"] == s.drafted
+    assert "drafted" in s.summary()
+
+
+def test_cli_generate_stream_json_and_stats(capsys, zoo, tmp_path):
+    target, draft = zoo.target(), zoo.noisy_draft()
+    base = ["generate", "--target", str(target), "--max-new-tokens", "20", "--ignore-eos"]
+    main_ok(base + ["--draft", str(draft), "--prompt", "def f(x):", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) == 20 and out["finish_reason"] == "max_new_tokens"
+    (tmp_path / "p.txt").write_text("def f(x):")
+    main_ok(base + ["--prompt-file", str(tmp_path / "p.txt"), "--stats"])
+    captured = capsys.readouterr()
+    assert captured.out.rstrip("\n") == out["text"]  # target-only prints the same text
+    assert "target passes 19" in captured.err
+    main_ok(base + ["--draft", str(draft), "--prompt", "hello", "--chat", "--no-stream", "-k", "2"])
+    assert capsys.readouterr().out
+
+
+def test_cli_inspect(capsys, zoo):
+    main_ok(["inspect", str(zoo.target())])
+    out = capsys.readouterr().out
+    assert "qwen2: 3 layers" in out and "validation" in out and "verify(8)@32" in out
+    main_ok(["inspect", str(zoo.target()), "--json"])
+    assert json.loads(capsys.readouterr().out)["schema_version"] == specrt.SCHEMA_VERSION
+
+
+def main_ok(args):
+    try:
+        main(args)
+    except SystemExit as e:
+        assert e.code in (0, None), e.code

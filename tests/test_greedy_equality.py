@@ -1,0 +1,105 @@
+"""Losslessness, greedy: speculative output equals target-only output token for token."""
+
+from __future__ import annotations
+
+import pytest
+
+import specrt
+from specrt import GenerationOptions
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "import numpy as np\n",
+    "The quick brown fox",
+    "for i in range(3):\n    print(i)\n",
+    "Speculative decoding keeps",
+    "x = np.arange(10)",
+    "return fibonacci(n - 1)",
+    "Caf\u00e9 na\u00efve",
+    "print(x.sum())",
+    "if n < 2:\n        return n",
+    "over the lazy dog.",
+    "\u65e5\u672c\u8a9e",
+    "unicode text and emoji \U0001f600",
+    "def f(x):\n    return x * 2\n\nprint(f(3))",
+    "a",
+    "   indented",
+    "The output unchanged. " * 3,
+    "{'key': [1, 2, 3]}",
+    "class Node:\n    def __init__(self):",
+    "while True:\n    break",
+    "# comment\n",
+    "1 + 1 = ",
+]
+K_VALUES = [1, 2, 4, 8]
+
+
+@pytest.fixture(scope="module")
+def engines(zoo):
+    target = zoo.target()
+    return {
+        "self": specrt.load(target, target),
+        "noisy": specrt.load(target, zoo.noisy_draft()),
+        "small": specrt.load(target, zoo.small_draft()),
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(engines):
+    """Target-only greedy outputs, through the same loop with k = 0."""
+    engine = engines["self"]
+    options = GenerationOptions(max_new_tokens=40, num_draft_tokens=0, ignore_eos=True)
+    return {p: engine.complete(p, options).token_ids for p in PROMPTS}
+
+
+def test_enough_prompts():
+    assert len(PROMPTS) >= 20
+
+
+@pytest.mark.parametrize("draft", ["self", "noisy", "small"])
+@pytest.mark.parametrize("k", K_VALUES)
+def test_speculative_equals_target_only(engines, reference, draft, k):
+    engine = engines[draft]
+    options = GenerationOptions(max_new_tokens=40, num_draft_tokens=k, ignore_eos=True)
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        gen = engine.complete(prompt, options)
+        assert gen.token_ids == reference[prompt], f"{draft} draft, k={k}, prompt {prompt!r}"
+        assert gen.stats.new_tokens == 40 and gen.finish_reason == "max_new_tokens"
+        drafted += gen.stats.drafted
+        accepted += gen.stats.accepted
+    assert drafted > 0
+    if draft == "self":
+        assert accepted == drafted  # a draft identical to the target is always right
+    elif draft == "noisy":
+        assert 0 < accepted < drafted  # the interesting case: partial acceptances and rollbacks
+
+
+def test_eos_stops_identically(engines):
+    """Without ignore_eos, both paths stop at the same EOS (or both run to the limit)."""
+    for prompt in PROMPTS[:8]:
+        base = engines["self"].complete(prompt, GenerationOptions(max_new_tokens=60, num_draft_tokens=0))
+        spec = engines["noisy"].complete(prompt, GenerationOptions(max_new_tokens=60, num_draft_tokens=4))
+        assert spec.token_ids == base.token_ids and spec.finish_reason == base.finish_reason
+
+
+def _accept_all(logits, drafted):
+    return len(drafted), int(logits[len(drafted)].argmax())
+
+
+def _rollback_one_short(self, n):
+    del self.ids[len(self.ids) - max(n - 1, 0) :]  # keeps the first rejected token in the cache
+
+
+@pytest.mark.parametrize("mutation", ["accept every draft", "roll back one position short"])
+def test_equality_check_catches_a_broken_loop(engines, reference, monkeypatch, mutation):
+    from specrt.kvcache import KVCache
+    from specrt.speculative import Speculator
+
+    if mutation == "accept every draft":
+        monkeypatch.setattr(Speculator, "_verify_greedy", staticmethod(_accept_all))
+    else:
+        monkeypatch.setattr(KVCache, "rollback", _rollback_one_short)
+    options = GenerationOptions(max_new_tokens=40, num_draft_tokens=4, ignore_eos=True)
+    mismatches = sum(engines["noisy"].complete(p, options).token_ids != reference[p] for p in PROMPTS)
+    assert mismatches > 0, f"greedy equality did not notice '{mutation}'"

@@ -1,0 +1,101 @@
+"""Small units: the KV cache counter, options validation, the manifest schema, the tokenizer hash."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specrt import GenerationOptions, Manifest, OptionsError
+from specrt.errors import BundleError, SchemaVersionError
+from specrt.generate import _held_back
+from specrt.kvcache import KVCache
+
+
+def test_kvcache_rollback_is_bookkeeping_only():
+    kv = KVCache(num_layers=2, num_kv_heads=2, max_len=16, head_dim=16)
+    assert kv.nbytes == 2 * 2 * 2 * 16 * 16 * 4
+    buffers = [(k.data_ptr(), v.data_ptr()) for k, v in kv.layers]
+    kv.advance([1, 2, 3, 4, 5])
+    kv.rollback(2)
+    assert kv.ids == [1, 2, 3] and kv.length == 3 and kv.free == 13
+    assert [(k.data_ptr(), v.data_ptr()) for k, v in kv.layers] == buffers  # nothing reallocated
+    assert kv.common_prefix([1, 2, 9, 4]) == 2 and kv.common_prefix([1, 2, 3, 4, 5]) == 3
+    kv.truncate(10)  # no-op: holds fewer
+    assert kv.length == 3
+    kv.truncate(1)
+    assert kv.ids == [1]
+    with pytest.raises(ValueError, match="overflow"):
+        kv.advance(list(range(16)))
+    with pytest.raises(ValueError):
+        kv.rollback(2)
+    kv.reset()
+    assert kv.length == 0
+
+
+def test_options_defaults_and_normalisation():
+    o = GenerationOptions(stop="END")
+    assert o.stop == ("END",) and o.greedy and o.num_draft_tokens == 4
+    assert not GenerationOptions(temperature=0.5).greedy
+    with pytest.raises(OptionsError, match="top_p must be in"):
+        GenerationOptions(top_p=float("nan"))
+    with pytest.raises(OptionsError, match="max_new_tokens"):
+        GenerationOptions(max_new_tokens=True)
+    with pytest.raises(OptionsError, match="stop"):
+        GenerationOptions(stop=("",))
+
+
+def test_held_back_tail():
+    assert _held_back("hello wor", ("world",)) == 3
+    assert _held_back("hello", ("xyz",)) == 0
+    assert _held_back("ab", ("abc", "bx")) == 2
+
+
+def test_manifest_round_trip_and_checks(zoo):
+    m = Manifest.read(zoo.target())
+    assert Manifest.from_dict(m.to_dict()) == m
+    data = m.to_dict()
+    data["schema_version"] = 0
+    with pytest.raises(SchemaVersionError):
+        Manifest.from_dict(data)
+    data = m.to_dict()
+    data["role"] = "oracle"
+    with pytest.raises(BundleError, match="role 'oracle'"):
+        Manifest.from_dict(data)
+    data = m.to_dict()
+    data["architecture"]["num_layers"] = "three"
+    with pytest.raises(BundleError, match="expected int"):
+        Manifest.from_dict(data)
+    data = m.to_dict()
+    data["future_field"] = {"x": 1}  # unknown fields of the same schema version are ignored
+    assert Manifest.from_dict(data) == m
+
+
+def test_tokenizer_hash_depends_on_the_id_mapping_only(zoo, tmp_path):
+    import json
+
+    from specrt.tokenizer import tokenizer_hash
+
+    src = zoo.target() / "tokenizer.json"
+    data = json.loads(src.read_text())
+    same = dict(
+        data, truncation={"max_length": 7, "strategy": "LongestFirst", "stride": 0, "direction": "Right"}
+    )
+    (tmp_path / "a.json").write_text(json.dumps(same))
+    assert tokenizer_hash(tmp_path / "a.json") == tokenizer_hash(src)
+    vocab = data["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[10:12]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two ids swapped: a different tokenizer for pairing
+    (tmp_path / "b.json").write_text(json.dumps(data))
+    assert tokenizer_hash(tmp_path / "b.json") != tokenizer_hash(src)
+
+
+def test_logits_are_written_in_place(zoo):
+    """The session returns views of preallocated buffers: no per-step allocation of vocab-sized arrays."""
+    from specrt import open_bundle
+    from specrt.session import ModelSession
+
+    s = ModelSession(open_bundle(zoo.target()))
+    a = s.forward([1, 2, 3], keep=1)
+    ptr = a.ctypes.data
+    b = s.forward([4], keep=1)
+    assert b.ctypes.data == ptr and np.isfinite(b).all()
