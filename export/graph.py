@@ -21,7 +21,7 @@ import numpy as np
 from ..manifest import Architecture, GraphSpec, Quantization
 from .archs import ArchSpec
 from .progress import Progress
-from .source import HFCheckpoint
+from .source import Checkpoint
 from .weights import ExternalData, quantize_blockwise
 
 OPSET = 18
@@ -100,7 +100,7 @@ def rotary_tables(config, spec: ArchSpec, max_seq_len: int, head_dim: int) -> tu
 
 
 def build_graph(
-    ckpt: HFCheckpoint,
+    ckpt: Checkpoint,
     spec: ArchSpec,
     arch: Architecture,
     max_seq_len: int,
@@ -141,7 +141,7 @@ class _Decoder:
     def __init__(
         self,
         b: GraphBuilder,
-        ckpt: HFCheckpoint,
+        ckpt: Checkpoint,
         spec: ArchSpec,
         arch: Architecture,
         g: GraphSpec,

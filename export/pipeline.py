@@ -14,7 +14,7 @@ from ..errors import ExportError, UnsupportedModelError
 from ..manifest import MANIFEST_FILE, ROLES, Architecture, Manifest, Quantization, Source
 from .archs import ArchSpec, lookup
 from .progress import Progress
-from .source import HFCheckpoint, open_checkpoint
+from .source import Checkpoint, open_checkpoint
 
 QUANT_METHODS = {"none": None, "int8": 8, "int4": 4}
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -141,7 +141,7 @@ def export_bundle(
     progress = progress or Progress()
     out = Path(out)
     with progress.stage(f"loading {model}"):
-        ckpt: HFCheckpoint = open_checkpoint(model)
+        ckpt: Checkpoint = open_checkpoint(model)
         spec = lookup(ckpt.config.model_type)
         arch = architecture_of(ckpt.config, spec)
     max_seq_len = options.max_seq_len or min(getattr(ckpt.config, "max_position_embeddings", 4096), 4096)

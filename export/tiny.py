@@ -126,3 +126,74 @@ def make_checkpoint(
                     p.copy_(0.1 * torch.randn(p.shape))
     model.eval().save_pretrained(out)
     return out
+
+
+def write_gguf(hf_folder: Path, out_file: Path, quant: str = "Q8_0") -> Path:
+    """Convert a small Hugging Face llama/qwen2 checkpoint to GGUF the way llama.cpp's converter does.
+
+    2-D weights are stored as `quant` (Q8_0 by default), norms and biases as F32; llama q/k rows are
+    permuted into llama.cpp's rotary layout; the tokenizer goes in as GGUF `gpt2` BPE metadata.
+    """
+    import json
+
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(hf_folder)
+    arch = cfg.model_type
+    arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
+    qtype = gguf.GGMLQuantizationType[quant]
+
+    writer = gguf.GGUFWriter(str(out_file), arch)
+    writer.add_name(hf_folder.name)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+
+    tok = json.loads((hf_folder / "tokenizer.json").read_text())
+    vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    specials = {t["content"] for t in tok["added_tokens"] if t.get("special")}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(
+        [gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens]
+    )
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(cfg.eos_token_id)
+    writer.add_pad_token_id(cfg.pad_token_id)
+    writer.add_add_bos_token(False)
+    template = hf_folder / "chat_template.jinja"
+    if template.exists():
+        writer.add_chat_template(template.read_text())
+
+    def permute(w: np.ndarray, heads: int) -> np.ndarray:  # llama.cpp's convert_hf_to_gguf permute
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    for hf_name, w in load_file(hf_folder / "model.safetensors").items():
+        base, suffix = hf_name.rsplit(".", 1)
+        name = names.get_name(base) + "." + suffix
+        w = w.astype(np.float32)
+        if arch == "llama" and base.endswith("q_proj") and suffix == "weight":
+            w = permute(w, cfg.num_attention_heads)
+        if arch == "llama" and base.endswith("k_proj") and suffix == "weight":
+            w = permute(w, cfg.num_key_value_heads)
+        if w.ndim == 2:
+            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_file

@@ -19,8 +19,9 @@ def main() -> None:
     parser.add_argument("out", type=Path, nargs="?", default=Path("models"))
     args = parser.parse_args()
 
-    from specrt.export.tiny import make_checkpoint, make_tokenizer
     from transformers.utils import logging
+
+    from specrt.export.tiny import make_checkpoint, make_tokenizer
 
     logging.disable_progress_bar()
     tokenizer = make_tokenizer(args.out / "tiny-tokenizer")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from specrt.export import ExportOptions, Progress, export_bundle
 from specrt.export.tiny import make_checkpoint, make_tokenizer
 

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from specrt.export import REGISTRY, ExportOptions, Progress, export_bundle
 from transformers import AutoModelForCausalLM
 
 from specrt import Manifest, open_bundle
 from specrt.errors import ExportError, UnsupportedModelError, ValidationError
+from specrt.export import REGISTRY, ExportOptions, Progress, export_bundle
 from specrt.session import ModelSession
 
 ARCHS = sorted(REGISTRY)

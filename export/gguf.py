@@ -1,0 +1,93 @@
+"""GGUF input: tensors streamed from a memory-mapped GGUF file, dequantized one at a time.
+
+The `gguf` package reads the file (memory-mapped) and dequantizes each tensor (Q4_K, Q5_0, Q6_K, Q8_0, ...)
+to float32. Names, the llama q/k un-permutation and the config come from transformers' own GGUF loader
+pieces, so the weights are exactly those `from_pretrained(..., gguf_file=...)` would build, without ever
+holding the whole float32 model.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExportError
+from .source import Checkpoint, first_line
+
+# End-of-turn tokens that chat fine-tunes stop on besides the GGUF's single eos id (transformers'
+# generation_config for these models lists them too; GGUF files carry no generation_config).
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<|end|>",
+)
+
+
+class GGUFCheckpoint(Checkpoint):
+    format = "gguf"
+
+    def __init__(self, path: Path):
+        from gguf import GGUFReader
+
+        self.path = path
+        try:
+            self.reader = GGUFReader(str(path))  # memory-mapped: no tensor data is read yet
+        except Exception as e:
+            raise ExportError(f"{path}: not a readable GGUF file ({first_line(e)})") from None
+        self.config = self._load_config()
+        self._tensors = {t.name: t for t in self.reader.tensors}
+
+    def _pretrained(self) -> tuple[Path, dict[str, Any]]:
+        return self.path.parent, {"gguf_file": self.path.name}
+
+    @property
+    def weight_files(self) -> list[Path]:
+        return [self.path]
+
+    @cached_property
+    def _hf_to_gguf(self) -> dict[str, str]:
+        """transformers name -> GGUF tensor name, via transformers' mapping on a weightless (meta) model."""
+        import torch
+        from transformers import AutoModelForCausalLM
+        from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.config)
+        mapping = get_gguf_hf_weights_map(model, self._processor)
+        return {hf: gg for gg, hf in mapping.items()}
+
+    @cached_property
+    def _processor(self) -> Any:
+        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+        arch = str(self.reader.fields["general.architecture"].contents())
+        return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=self.config.to_dict())
+
+    def has(self, name: str) -> bool:
+        return self._hf_to_gguf.get(name) in self._tensors
+
+    def tensor(self, name: str) -> np.ndarray:
+        from gguf import dequantize
+
+        gguf_name = self._hf_to_gguf.get(name)
+        if gguf_name not in self._tensors:
+            raise ExportError(f"{self.path}: weight {name!r} is missing from the GGUF file")
+        t = self._tensors[gguf_name]
+        weights = dequantize(t.data, t.tensor_type)
+        # llama-style GGUFs store q/k rows permuted for llama.cpp's rotary layout: undo it like transformers.
+        weights = self._processor.process(weights=weights, name=gguf_name).weights
+        return np.ascontiguousarray(weights, dtype=np.float32)
+
+    def extra_eos_ids(self, tok: Any) -> list[Any]:
+        ids = []
+        for field in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            if field in self.reader.fields:
+                ids.append(int(self.reader.fields[field].contents()))
+        vocab = tok.get_vocab()
+        return ids + [vocab[t] for t in END_OF_TURN_TOKENS if t in vocab]

@@ -1,0 +1,69 @@
+"""GGUF input: a tiny GGUF written in the test, exported, compared with transformers' GGUF loading."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from specrt import open_bundle
+from specrt.export.tiny import write_gguf
+from specrt.session import ModelSession
+
+STRINGS = [
+    "def fibonacci(n):\n    return n",
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading spaces and\ttabs\n\nnewlines",
+    "Caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001f600",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "x=1;y=2;print(x+y)  # 3",
+    "",
+    "12345 678.9e-3",
+]
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def gguf_case(request, zoo):
+    arch = request.param
+    folder = zoo.checkpoint(f"gguf-src-{arch}", arch, seed=21)
+    path = write_gguf(folder, zoo.root / f"tiny-{arch}.gguf")
+    zoo._checkpoints[f"gguf-{arch}"] = path
+    return arch, folder, path, zoo.bundle(f"gguf-{arch}", f"gguf-{arch}", max_seq_len=64)
+
+
+def test_gguf_bundle_matches_transformers_gguf_loading(gguf_case):
+    arch, _, path, bundle = gguf_case
+    m = open_bundle(bundle).manifest
+    assert m.source.format == "gguf" and m.source.weight_files == [path.name]
+    assert m.architecture.model_type == arch
+    assert m.validation.passed and m.validation.max_abs_diff < 1e-4 and m.validation.top1_agreement == 1.0
+
+
+def test_gguf_tokenizer_encodes_like_transformers(gguf_case):
+    _, folder, path, bundle = gguf_case
+    ours = open_bundle(bundle).load_tokenizer()
+    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    original = AutoTokenizer.from_pretrained(folder)
+    for s in STRINGS:
+        ids = ours.encode(s)
+        assert ids == theirs.encode(s), s
+        assert ids == original.encode(s), s  # the GGUF round trip kept the tokenizer intact
+        assert ours.decode(ids, skip_special_tokens=False) == s
+    assert ours.eos_token_ids[0] == theirs.eos_token_id
+    assert ours.chat_template == original.chat_template
+
+
+def test_gguf_bundle_tracks_the_original_checkpoint(gguf_case):
+    """Q8_0 storage moves logits a little; the argmax must still follow the float model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _, folder, _, bundle = gguf_case
+    session = ModelSession(open_bundle(bundle))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = np.random.default_rng(5).integers(0, session.vocab_size, 40).tolist()
+    got = session.forward(ids, keep=40)
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].numpy()
+    assert np.mean(got.argmax(-1) == ref.argmax(-1)) >= 0.9
+    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
