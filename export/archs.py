@@ -32,9 +32,7 @@ def _window_from_layer_types(config: Config, layer: int) -> int | None:
 class ArchSpec:
     model_type: str
     rotary: str  # dotted path of the transformers rotary-embedding class (cos/sin exactly as HF computes)
-    biases: Callable[[Config], frozenset[str]] = (
-        _attention_bias  # projections with a bias: q k v o gate up down
-    )
+    biases: Callable[[Config], frozenset[str]] = _attention_bias  # projections with a bias: q k v o gate up down
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
     window: Callable[[Config, int], int | None] = _window_from_layer_types  # sliding window of layer i
     hidden_acts: tuple[str, ...] = ("silu",)
@@ -62,8 +60,7 @@ register(
         "llama",
         rotary="transformers.models.llama.modeling_llama.LlamaRotaryEmbedding",
         biases=lambda c: (
-            _attention_bias(c)
-            | (frozenset({"gate", "up", "down"}) if getattr(c, "mlp_bias", False) else frozenset())
+            _attention_bias(c) | (frozenset({"gate", "up", "down"}) if getattr(c, "mlp_bias", False) else frozenset())
         ),
     )
 )

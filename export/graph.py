@@ -167,9 +167,7 @@ class _Decoder:
             helper.make_tensor_value_info(g.total_sequence_length, TensorProto.INT32, []),
             helper.make_tensor_value_info(g.logits_to_keep, TensorProto.INT64, [1]),
         ]
-        self.outputs = [
-            helper.make_tensor_value_info(g.logits, TensorProto.FLOAT, ["batch", "keep", arch.vocab_size])
-        ]
+        self.outputs = [helper.make_tensor_value_info(g.logits, TensorProto.FLOAT, ["batch", "keep", arch.vocab_size])]
 
     def w(self, name: str) -> np.ndarray:
         return self.ckpt.tensor(name)
@@ -271,10 +269,6 @@ class _Decoder:
 
 def _head_norm(b: GraphBuilder, x: str, weight: np.ndarray, heads: int, d: int, eps: float, name: str) -> str:
     """RMSNorm over head_dim of each head (Qwen3's q_norm / k_norm): [1, S, heads*d] -> same shape."""
-    split = b.op(
-        "Reshape", [x, b.const(f"{name}/heads_shape", np.array([0, 0, heads, d]))], f"{name}/to_heads"
-    )
+    split = b.op("Reshape", [x, b.const(f"{name}/heads_shape", np.array([0, 0, heads, d]))], f"{name}/to_heads")
     normed = b.rms_norm(split, weight, eps, name)
-    return b.op(
-        "Reshape", [normed, b.const(f"{name}/flat_shape", np.array([0, 0, heads * d]))], f"{name}/flat"
-    )
+    return b.op("Reshape", [normed, b.const(f"{name}/flat_shape", np.array([0, 0, heads * d]))], f"{name}/flat")

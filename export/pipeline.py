@@ -52,17 +52,13 @@ class ExportOptions:
         bits = QUANT_METHODS[self.quant]
         if bits is None:
             return Quantization()
-        return Quantization(
-            self.quant, bits, self.block_size, self.accuracy_level, True, self.quantize_lm_head
-        )
+        return Quantization(self.quant, bits, self.block_size, self.accuracy_level, True, self.quantize_lm_head)
 
 
 def architecture_of(config, spec: ArchSpec) -> Architecture:
     act = getattr(config, "hidden_act", "silu")
     if act not in spec.hidden_acts:
-        raise UnsupportedModelError(
-            f"hidden_act {act!r} is not supported for {spec.model_type}; supported: silu"
-        )
+        raise UnsupportedModelError(f"hidden_act {act!r} is not supported for {spec.model_type}; supported: silu")
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in STATIC_ROPE_TYPES:
@@ -74,8 +70,7 @@ def architecture_of(config, spec: ArchSpec) -> Architecture:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     if head_dim % 16:
         raise UnsupportedModelError(
-            f"head_dim {head_dim} is not supported: GroupQueryAttention with rotary embedding "
-            "needs a multiple of 16"
+            f"head_dim {head_dim} is not supported: GroupQueryAttention with rotary embedding needs a multiple of 16"
         )
     return Architecture(
         model_type=config.model_type,
@@ -124,9 +119,7 @@ def _prepare_out(out: Path, model_path: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def export_bundle(
-    model: str | Path, out: str | Path, options: ExportOptions, progress: Progress | None = None
-):
+def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, progress: Progress | None = None):
     """Export a checkpoint into a bundle folder; returns the Manifest written there."""
     _require_extras()
     import onnx

@@ -37,7 +37,5 @@ class Progress:
             return
         from tqdm import tqdm
 
-        with tqdm(
-            total=total, desc=desc, unit=unit, unit_scale=unit == "B", file=self.stream, leave=False
-        ) as t:
+        with tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", file=self.stream, leave=False) as t:
             yield t

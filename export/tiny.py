@@ -36,9 +36,7 @@ def make_tokenizer(out: Path, vocab_size: int = 320) -> Path:
 
     if vocab_size < 64:
         words = [f"w{i}" for i in range(vocab_size - len(SPECIALS))]
-        tok = Tokenizer(
-            models.WordLevel({w: i for i, w in enumerate(SPECIALS + words)}, unk_token=SPECIALS[0])
-        )
+        tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(SPECIALS + words)}, unk_token=SPECIALS[0]))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         tok.decoder = decoders.WordPiece(prefix="##")  # joins with spaces
     else:
@@ -166,9 +164,7 @@ def write_gguf(hf_folder: Path, out_file: Path, quant: str = "Q8_0") -> Path:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "default")
     writer.add_token_list(tokens)
-    writer.add_token_types(
-        [gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens]
-    )
+    writer.add_token_types([gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens])
     writer.add_token_merges(merges)
     writer.add_eos_token_id(cfg.eos_token_id)
     writer.add_pad_token_id(cfg.pad_token_id)

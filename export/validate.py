@@ -66,33 +66,40 @@ def _validation_tokens(tokenizer_path: Path, vocab: int) -> list[int]:
     return ids + np.random.default_rng(0).integers(0, vocab, size=128).tolist()
 
 
-def validate(
-    ckpt: Checkpoint, out_dir: Path, manifest: Manifest, gated: bool, progress: Progress
-) -> Validation:
+def validate(ckpt: Checkpoint, out_dir: Path, manifest: Manifest, gated: bool, progress: Progress) -> Validation:
+    import gc
+
     import torch
     import transformers
 
-    with progress.stage("validating: loading the PyTorch reference"):
-        model = ckpt.load_torch_model(quiet=not progress.enabled)
+    # Phase 1, the graph; phase 2, PyTorch. One model in memory at a time keeps peak RSS near the larger
+    # of the two instead of their sum (the 1.5B fp32 pair would need ~16 GB together).
     session = ModelSession(Bundle(out_dir, manifest), SessionOptions())
     stream = iter(_validation_tokens(out_dir / TOKENIZER_FILE, manifest.architecture.vocab_size))
     seq: list[int] = []
-    steps: list[ValidationStep] = []
-    failures: list[str] = []
+    runs: list[tuple[str, int, list[int], np.ndarray]] = []  # (label, past, sequence so far, logits)
     for name, n in validation_plan(manifest.max_seq_len):
         if name == "rollback":
             session.kv.rollback(n)
             del seq[-n:]
             continue
         past = len(seq)
-        new = [next(stream) for _ in range(n)]
-        seq += new
-        got = session.forward(new, keep=n).astype(np.float64)
+        seq += [next(stream) for _ in range(n)]
+        label = f"{name}({n})" + ("" if name == "prefill" or past == 0 else f"@{past}")
+        runs.append((label, past, list(seq), session.forward(seq[past:], keep=n).astype(np.float64)))
+    del session
+    gc.collect()
+
+    with progress.stage("validating: loading the PyTorch reference"):
+        model = ckpt.load_torch_model(quiet=not progress.enabled)
+    steps: list[ValidationStep] = []
+    failures: list[str] = []
+    for label, past, seq, got in runs:
+        n = len(got)
         with torch.no_grad():
             ref = model(torch.tensor([seq])).logits[0, -n:].double().numpy()
         diff = float(np.abs(got - ref).max())
         agree = got.argmax(-1) == ref.argmax(-1)
-        label = f"{name}({n})" + ("" if name == "prefill" or past == 0 else f"@{past}")
         steps.append(ValidationStep(label, past, n, diff, float(agree.mean())))
         if gated:
             tol = RELATIVE_TOLERANCE * max(1.0, float(np.abs(ref).max()))
@@ -110,7 +117,7 @@ def validate(
         tolerance=RELATIVE_TOLERANCE if gated else None,
         passed=not failures,
     )
-    del model, session
+    del model
     if failures:
         raise ValidationError(
             f"the exported graph disagrees with PyTorch ({'; '.join(failures[:2])}); no bundle written"

@@ -33,7 +33,7 @@ class ExternalData:
         if pad:
             self._file.write(b"\0" * pad)
             self.offset += pad
-        self._file.write(array.tobytes())
+        self._file.write(memoryview(array).cast("B"))  # no bytes copy of large tensors
         proto = TensorProto()
         proto.name = name
         proto.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
@@ -49,9 +49,7 @@ class ExternalData:
         self._file.close()
 
 
-def quantize_blockwise(
-    weight_in_out: np.ndarray, bits: int, block_size: int
-) -> tuple[np.ndarray, np.ndarray]:
+def quantize_blockwise(weight_in_out: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric block quantization of a [K, N] weight along K, in MatMulNBits layout.
 
     Returns (packed uint8 [N, ceil(K / block), block * bits / 8], scales float32 [N, ceil(K / block)]).

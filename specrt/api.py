@@ -39,9 +39,13 @@ class Engine:
         self.tokenizer = target_bundle.load_tokenizer()
         session_options = session_options or SessionOptions()
         self.target = ModelSession(target_bundle, session_options)
-        self.draft = (
-            ModelSession(draft_bundle, draft_session_options or session_options) if draft_bundle else None
-        )
+        self.draft = ModelSession(draft_bundle, draft_session_options or session_options) if draft_bundle else None
+
+    def reset(self) -> None:
+        """Forget the cached context (the next prompt is prefilled from scratch)."""
+        self.target.kv.reset()
+        if self.draft is not None:
+            self.draft.kv.reset()
 
     @property
     def max_seq_len(self) -> int:
@@ -71,9 +75,7 @@ class Engine:
         draft = self.draft if options.num_draft_tokens > 0 else None
         return Generation(Speculator(self.target, draft, options), self.tokenizer, ids)
 
-    def complete(
-        self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **kw
-    ) -> Generation:
+    def complete(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **kw) -> Generation:
         """Run a generation to the end and return it (text, token_ids, stats, finish_reason)."""
         return self.generate(prompt, options, **kw).consume()
 
@@ -88,7 +90,5 @@ def load(
 ) -> Engine:
     """Load bundles for generation. threads=0 lets ONNX Runtime choose."""
     opts = SessionOptions(device=device, intra_op_threads=threads)
-    draft_opts = SessionOptions(
-        device=device, intra_op_threads=threads if draft_threads is None else draft_threads
-    )
+    draft_opts = SessionOptions(device=device, intra_op_threads=threads if draft_threads is None else draft_threads)
     return Engine(target, draft, opts, draft_opts)

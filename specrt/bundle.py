@@ -47,9 +47,7 @@ def open_bundle(path: str | os.PathLike) -> Bundle:
     if not folder.exists():
         raise BundleError(f"bundle folder {folder} does not exist; check the path or run `specrt export`")
     if not folder.is_dir():
-        raise BundleError(
-            f"{folder} is a file, not a bundle folder; pass the folder that holds manifest.json"
-        )
+        raise BundleError(f"{folder} is a file, not a bundle folder; pass the folder that holds manifest.json")
     manifest = Manifest.read(folder)
     needed = [manifest.graph.model_file, manifest.graph.data_file, TOKENIZER_FILE]
     needed += [manifest.tokenizer.chat_template] if manifest.tokenizer.chat_template else []

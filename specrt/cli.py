@@ -42,9 +42,7 @@ def cli() -> None:
     default=None,
     help="Bundle folder to create [default: engines/<model>-<quant>].",
 )
-@click.option(
-    "--max-seq-len", type=int, default=None, help="KV buffer length [default: min(model max, 4096)]."
-)
+@click.option("--max-seq-len", type=int, default=None, help="KV buffer length [default: min(model max, 4096)].")
 @click.option("--dtype", type=click.Choice(["fp32"]), default="fp32", show_default=True)
 @click.option(
     "--quant",
@@ -73,9 +71,7 @@ def cli() -> None:
     show_default=True,
     help="Compare the graph with the PyTorch model (loads a second full copy of the weights).",
 )
-@click.option(
-    "--name", default=None, help="Bundle name recorded in the manifest [default: model folder name]."
-)
+@click.option("--name", default=None, help="Bundle name recorded in the manifest [default: model folder name].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def export(
@@ -148,6 +144,7 @@ def export(
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is generated.")
 @click.option("--stats", is_flag=True, help="Print speculation statistics to stderr.")
+@click.option("--compare", is_flag=True, help="Also run target-only decoding and print the speedup (stderr).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--threads", type=int, default=0, show_default=True, help="Target intra-op threads (0: auto).")
@@ -169,6 +166,7 @@ def generate(
     ignore_eos,
     stream,
     stats,
+    compare,
     as_json,
     device,
     threads,
@@ -191,6 +189,8 @@ def generate(
         stop=stop,
         ignore_eos=ignore_eos,
     )
+    if compare and draft is None:
+        raise click.UsageError("--compare needs --draft (it compares speculative with target-only decoding)")
     engine = load(target, draft, threads=threads, draft_threads=draft_threads, device=device)
     gen = engine.generate(text, options, chat=chat, system=system)
     live = stream and not as_json
@@ -212,6 +212,92 @@ def generate(
         click.echo(gen.text if not live else "")
     if stats:
         click.echo(gen.stats.summary(), err=True)
+    if compare:
+        _compare_with_target_only(engine, text, options, chat, system, gen)
+
+
+def _compare_with_target_only(engine, text, options, chat, system, spec) -> None:
+    """Rerun the same prompt without the draft, from a cold cache as the first run was, and report."""
+    from dataclasses import replace
+
+    engine.reset()
+    base = engine.complete(text, replace(options, num_draft_tokens=0), chat=chat, system=system)
+    fast, slow = spec.stats.new_tokens / spec.stats.total_s, base.stats.new_tokens / base.stats.total_s
+    same = "identical" if spec.token_ids == base.token_ids else "different (expected only when sampling)"
+    click.echo(
+        f"speculative {fast:.2f} tok/s vs target-only {slow:.2f} tok/s: {fast / slow:.2f}x speedup; outputs {same}",
+        err=True,
+    )
+
+
+@cli.command()
+@click.option("--target", required=True, type=click.Path(path_type=Path), help="Target bundle folder.")
+@click.option("--draft", type=click.Path(path_type=Path), default=None, help="Draft bundle folder.")
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help='JSON lines {"name", "prompt", "chat", "kind"} [default: 8 built-in prompts].',
+)
+@click.option(
+    "-k",
+    "--num-draft-tokens",
+    "ks",
+    default="2,4",
+    show_default=True,
+    help="Comma-separated k values to compare with target-only decoding.",
+)
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed runs per configuration.")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed runs first.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0: greedy (checks equality).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write results as JSON.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--threads", type=int, default=0, show_default=True, help="Target intra-op threads (0: auto).")
+@click.option("--draft-threads", type=int, default=None, help="Draft intra-op threads [default: --threads].")
+def bench(
+    target,
+    draft,
+    prompts_file,
+    ks,
+    max_new_tokens,
+    repeats,
+    warmup,
+    temperature,
+    seed,
+    json_out,
+    device,
+    threads,
+    draft_threads,
+):
+    """Benchmark target-only against speculative decoding on the same prompts."""
+    from .api import load
+    from .bench import DEFAULT_PROMPTS, load_prompts, run_bench
+    from .errors import OptionsError
+
+    try:
+        k_values = [int(k) for k in ks.split(",") if k.strip()]
+    except ValueError:
+        raise OptionsError(f"--num-draft-tokens {ks!r}: expected comma-separated integers such as 2,4") from None
+    prompts = load_prompts(prompts_file) if prompts_file else list(DEFAULT_PROMPTS)
+    engine = load(target, draft, threads=threads, draft_threads=draft_threads, device=device)
+    result = run_bench(
+        engine,
+        prompts,
+        k_values,
+        max_new_tokens,
+        repeats,
+        warmup,
+        temperature,
+        seed,
+        log=lambda line: click.echo(line, err=True),
+    )
+    click.echo(result.markdown())
+    if json_out:
+        json_out.write_text(result.to_json())
+        click.echo(f"results written to {json_out}", err=True)
 
 
 @cli.command()
@@ -251,11 +337,7 @@ def _describe(path: Path, m) -> str:
     if v is None:
         lines.append("validation    not run (exported with --no-validate)")
     else:
-        gate = (
-            f"relative tolerance {v.tolerance:g}, passed"
-            if v.tolerance is not None
-            else "not gated (quantized)"
-        )
+        gate = f"relative tolerance {v.tolerance:g}, passed" if v.tolerance is not None else "not gated (quantized)"
         lines.append(
             f"validation    vs {v.reference}: max |diff| {v.max_abs_diff:.3g}, "
             f"top-1 agreement {v.top1_agreement:.3f} ({gate})"

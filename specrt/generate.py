@@ -77,9 +77,7 @@ def _draft_budget(spec: Speculator, length: int, remaining: int) -> int:
     return max(k, 0)
 
 
-def _clip(
-    new: list[int], done: int, options: GenerationOptions, eos_ids: set[int]
-) -> tuple[list[int], str | None]:
+def _clip(new: list[int], done: int, options: GenerationOptions, eos_ids: set[int]) -> tuple[list[int], str | None]:
     for i, token in enumerate(new):
         if token in eos_ids and not options.ignore_eos:
             return new[: i + 1], "eos"

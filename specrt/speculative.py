@@ -52,9 +52,7 @@ class Speculator:
         t1 = time.perf_counter()
         # One target pass scores the last token and every draft: row i predicts the token after drafted[:i].
         logits = self.target.forward([tokens[-1], *drafted], keep=k + 1)
-        n, nxt = (
-            self._verify_greedy(logits, drafted) if self.options.greedy else self._verify(logits, drafted, q)
-        )
+        n, nxt = self._verify_greedy(logits, drafted) if self.options.greedy else self._verify(logits, drafted, q)
         # Rejected drafts leave both caches by moving their length counters; no buffer is touched.
         self.target.kv.rollback(k - n)
         if self.draft is not None:

@@ -106,9 +106,7 @@ def _render(template: str, **context: Any) -> str:
     def tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **_: Any) -> str:
         return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

@@ -105,9 +105,7 @@ def test_speculative_sampling_matches_target(engine, setting):
     # The draft really disagrees with the target, so rejections and residual resampling were exercised.
     gen = engine.complete(
         PROMPT,
-        GenerationOptions(
-            max_new_tokens=200, num_draft_tokens=2, ignore_eos=True, seed=0, **SETTINGS[setting]
-        ),
+        GenerationOptions(max_new_tokens=200, num_draft_tokens=2, ignore_eos=True, seed=0, **SETTINGS[setting]),
     )
     assert 0.2 < gen.stats.acceptance_rate < 0.95, gen.stats.acceptance_rate
 
@@ -149,9 +147,7 @@ def test_target_only_sampling_matches_target(engine):
 
 
 def test_seed_makes_sampling_reproducible(engine):
-    options = GenerationOptions(
-        max_new_tokens=30, num_draft_tokens=3, temperature=1.0, seed=123, ignore_eos=True
-    )
+    options = GenerationOptions(max_new_tokens=30, num_draft_tokens=3, temperature=1.0, seed=123, ignore_eos=True)
     a = engine.complete(PROMPT, options).token_ids
     b = engine.complete(PROMPT, options).token_ids
     c = engine.complete(PROMPT, GenerationOptions(**{**options.__dict__, "seed": 124})).token_ids

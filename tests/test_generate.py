@@ -60,9 +60,7 @@ def test_stop_strings_cut_text_and_never_leak(engine):
     # A 2-character stop string whose first occurrence is well inside the text.
     start = next(i for i in range(5, len(full) - 2) if full.index(full[i : i + 2]) == i)
     stop = full[start : start + 2]
-    gen = engine.generate(
-        prompt, GenerationOptions(max_new_tokens=48, ignore_eos=True, stop=(stop, "\x00never"))
-    )
+    gen = engine.generate(prompt, GenerationOptions(max_new_tokens=48, ignore_eos=True, stop=(stop, "\x00never")))
     streamed = "".join(gen)
     assert gen.finish_reason == "stop"
     assert streamed == gen.text == full[: full.index(stop)]
@@ -141,3 +139,57 @@ def main_ok(args):
         main(args)
     except SystemExit as e:
         assert e.code in (0, None), e.code
+
+
+def test_cli_compare_reports_speedup_and_equality(capsys, zoo):
+    main_ok(
+        [
+            "generate",
+            "--target",
+            str(zoo.target()),
+            "--draft",
+            str(zoo.noisy_draft()),
+            "--prompt",
+            "def f(x):",
+            "--max-new-tokens",
+            "16",
+            "--ignore-eos",
+            "--compare",
+            "--no-stream",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert "speedup; outputs identical" in err and "target-only" in err
+
+
+def test_bench_runs_and_reports(capsys, zoo, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"name": "a", "prompt": "def f(x):"}\n{"name": "b", "prompt": "hello", "chat": true}\n')
+    out = tmp_path / "r.json"
+    main_ok(
+        [
+            "bench",
+            "--target",
+            str(zoo.target()),
+            "--draft",
+            str(zoo.noisy_draft()),
+            "--prompts",
+            str(prompts),
+            "-k",
+            "2,4",
+            "--max-new-tokens",
+            "12",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
+    table = capsys.readouterr().out
+    assert table.count("\n| a |") == 3 and "| yes |" in table
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert [r["config"] for r in rows[:3]] == ["target-only", "k=2", "k=4"]
+    assert all(r["equal_to_target_only"] for r in rows if r["k"])
+    assert all(r["predicted_speedup"] > 0 and r["verify_cost"] > 0 for r in rows if r["k"])
+    assert set(data["step_ms"]["a"]["target"]) == {"1", "3", "5"}

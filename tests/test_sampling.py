@@ -28,9 +28,7 @@ def test_warp_top_k_and_top_p_by_hand():
     np.testing.assert_allclose(warp(logits, 1.0, top_k=3, top_p=0.8), [4 / 9, 3 / 9, 2 / 9, 0])
 
 
-@pytest.mark.parametrize(
-    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 20, 0.5)]
-)
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 20, 0.5)])
 def test_warp_matches_transformers_warpers(temperature, top_k, top_p):
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 3, size=(4, 50))

@@ -66,9 +66,7 @@ def test_generate_runs_without_torch(zoo):
 
 
 def test_export_without_extra_gives_clean_error(tmp_path):
-    r = _run(
-        f"from specrt.cli import main\nmain(['export', '--model', {str(tmp_path)!r}, '--role', 'target'])"
-    )
+    r = _run(f"from specrt.cli import main\nmain(['export', '--model', {str(tmp_path)!r}, '--role', 'target'])")
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0
     assert "pip install 'specrt[export]'" in r.stderr

@@ -77,9 +77,7 @@ def test_tokenizer_hash_depends_on_the_id_mapping_only(zoo, tmp_path):
 
     src = zoo.target() / "tokenizer.json"
     data = json.loads(src.read_text())
-    same = dict(
-        data, truncation={"max_length": 7, "strategy": "LongestFirst", "stride": 0, "direction": "Right"}
-    )
+    same = dict(data, truncation={"max_length": 7, "strategy": "LongestFirst", "stride": 0, "direction": "Right"})
     (tmp_path / "a.json").write_text(json.dumps(same))
     assert tokenizer_hash(tmp_path / "a.json") == tokenizer_hash(src)
     vocab = data["model"]["vocab"]

@@ -1,0 +1,324 @@
+#!/usr/bin/env python
+"""Side-by-side benchmark of specrt against the tools users would pick instead, in one run.
+
+    python scripts/bench_peers.py --out results/            # everything (about an hour on 2 cores)
+    python scripts/bench_peers.py --only specrt-int4        # one configuration
+
+Configurations (same prompts, same prompt token ids, greedy, batch 1, N new tokens, EOS ignored):
+  transformers-fp32        transformers PyTorch fp32 target alone
+  transformers-assisted    transformers assisted generation, fp32 target + fp32 draft
+  genai-int4               onnxruntime-genai int4 target alone, and with its int4 draft (k = 3, 5)
+  specrt-fp32              specrt fp32 target alone, and with the int4 draft for each k
+  specrt-int4              specrt int4 target alone, and with the int4 draft for each k
+Each configuration runs in its own process, so its peak RSS (os.wait4) is its own. Output in --out:
+results.json, results.md (the tables) and results.png (tokens/s per prompt).
+
+Inputs: the GGUFs from scripts/fetch_models.py and the specrt bundles from scripts/demo.sh. The peers need
+Hugging Face folders, made once from the GGUFs (models/hf/), and onnxruntime-genai models built once with
+its own builder from those folders (engines/genai/); both are skipped when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GGUF = {
+    "target": ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf",
+    "draft": ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf",
+}
+HF = {role: ROOT / "models/hf" / path.stem for role, path in GGUF.items()}
+BUNDLES = {
+    "target-fp32": ROOT / "engines/qwen2.5-coder-1.5b-fp32",
+    "target-int4": ROOT / "engines/qwen2.5-coder-1.5b-int4",
+    "draft-int4": ROOT / "engines/qwen2.5-coder-0.5b-int4",
+}
+GENAI = {role: ROOT / "engines/genai" / f"{role}-int4" for role in ("target", "draft")}
+CONFIGS = ["transformers-fp32", "transformers-assisted", "genai-int4", "specrt-fp32", "specrt-int4"]
+
+
+# ---------------------------------------------------------------- preparation (once, cached on disk)
+
+
+def prepare_hf_folders() -> None:
+    """Hugging Face folders from the GGUFs: the peers' input (transformers can load GGUF, but saving once
+    makes every later load fast, and the genai builder needs a folder)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for role, gguf in GGUF.items():
+        out = HF[role]
+        if (out / "config.json").exists():
+            continue
+        print(f"making {out} from {gguf.name}", flush=True)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model.hf_quantizer = None  # save_pretrained refuses GGUF-loaded models otherwise
+        model.config.quantization_config = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(out)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+        del model
+
+
+def prepare_genai() -> bool:
+    """onnxruntime-genai int4 models built by its own builder (default CPU settings)."""
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        print("onnxruntime-genai is not installed (pip install 'specrt[bench]'): skipping its rows")
+        return False
+    for role, out in GENAI.items():
+        if (out / "genai_config.json").exists():
+            continue
+        print(f"building {out} with the onnxruntime-genai builder", flush=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "onnxruntime_genai.models.builder",
+            "-i",
+            str(HF[role]),
+            "-o",
+            str(out),
+            "-p",
+            "int4",
+            "-e",
+            "cpu",
+            "-c",
+            str(ROOT / "engines/genai/cache"),
+        ]
+        subprocess.run(cmd, check=True)
+    spec = ROOT / "engines/genai/spec-int4"
+    if not (spec / "genai_config.json").exists():
+        import shutil
+
+        shutil.copytree(GENAI["target"], spec, dirs_exist_ok=True)
+        draft_cfg = json.loads((GENAI["draft"] / "genai_config.json").read_text())["model"]["decoder"]
+        for f in GENAI["draft"].iterdir():
+            if f.name.startswith("model.onnx"):
+                shutil.copy(f, spec / f.name.replace("model.onnx", "draft.onnx"))
+        draft_cfg["filename"] = "draft.onnx"
+        cfg = json.loads((spec / "genai_config.json").read_text())
+        cfg["model"]["draft"] = draft_cfg
+        (spec / "genai_config.json").write_text(json.dumps(cfg, indent=1))
+        # The external-data reference inside draft.onnx must follow the renamed file.
+        import onnx
+
+        model = onnx.load(str(spec / "draft.onnx"), load_external_data=False)
+        for t in model.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = e.value.replace("model.onnx", "draft.onnx")
+        onnx.save(model, str(spec / "draft.onnx"))
+    return True
+
+
+# ---------------------------------------------------------------- workers (one process each)
+
+
+def _timed(fn, repeats: int) -> tuple[list[float], object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def worker_transformers(prompts: list[dict], n: int, repeats: int, assisted: bool) -> list[dict]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    target = AutoModelForCausalLM.from_pretrained(HF["target"], dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(HF["draft"], dtype=torch.float32).eval() if assisted else None
+    extra = {"assistant_model": draft} if assisted else {}
+    rows = []
+    with torch.no_grad():
+        warm = torch.tensor([prompts[0]["ids"]])
+        target.generate(warm, max_new_tokens=8, do_sample=False, **extra)
+        for p in prompts:
+            ids = torch.tensor([p["ids"]])
+
+            def run(ids=ids):
+                return target.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    **extra,
+                )
+
+            times, out = _timed(run, repeats)
+            tokens = out[0, ids.shape[1] :].tolist()
+            rows.append(
+                {
+                    "prompt": p["name"],
+                    "config": "target+draft" if assisted else "target-only",
+                    "tokens_per_s": n / statistics.median(times),
+                    "token_ids": tokens,
+                }
+            )
+    return rows
+
+
+def worker_genai(prompts: list[dict], n: int, repeats: int, ks: list[int]) -> list[dict]:
+    import numpy as np
+    import onnxruntime_genai as og
+
+    rows = []
+    for k in [0, *ks]:
+        model = og.Model(str(GENAI["target"] if k == 0 else ROOT / "engines/genai/spec-int4"))
+
+        def run(ids, k=k, model=model, length=n):
+            params = og.GeneratorParams(model)
+            params.set_search_options(max_length=len(ids) + length, min_length=len(ids) + length, do_sample=False)
+            if k:
+                params.set_speculative_options(max_draft_tokens=k)
+            g = og.Generator(model, params)
+            g.append_tokens(np.array([ids], np.int32))
+            while not g.is_done():
+                g.generate_next_token()
+            return list(map(int, g.get_sequence(0)))[len(ids) :], (g.get_speculative_stats() if k else {})
+
+        run(prompts[0]["ids"], length=8)
+        for p in prompts:
+            times, (tokens, st) = _timed(lambda p=p: run(p["ids"]), repeats)
+            rows.append(
+                {
+                    "prompt": p["name"],
+                    "config": "target-only" if k == 0 else f"k={k}",
+                    "tokens_per_s": n / statistics.median(times),
+                    "token_ids": tokens,
+                    "acceptance_rate": st.get("acceptance_rate"),
+                    "tokens_per_pass": st.get("mean_emitted_tokens_per_round"),
+                }
+            )
+        del model
+    return rows
+
+
+def worker_specrt(prompts: list[dict], n: int, repeats: int, ks: list[int], target: str) -> tuple[list[dict], dict]:
+    import specrt
+    from specrt.bench import Prompt, run_bench
+
+    engine = specrt.load(BUNDLES[f"target-{target}"], BUNDLES["draft-int4"])
+    plist = [Prompt(p["name"], p["text"], p["chat"], p["kind"]) for p in prompts]
+    result = run_bench(engine, plist, ks, n, repeats, warmup=1, log=lambda s: print(s, flush=True))
+    rows = []
+    for r in result.rows:
+        row = {k: v for k, v in r.__dict__.items() if k not in ("runs_tokens_per_s",)}
+        rows.append(row)
+    return rows, result.step_ms
+
+
+# ---------------------------------------------------------------- orchestration and report
+
+
+def run_worker(config: str, args, prompts_file: Path) -> dict:
+    """Run one configuration in a child process; return its rows plus its own peak RSS."""
+    out = args.out / "raw" / f"{config}.json"
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        config,
+        "--prompts-json",
+        str(prompts_file),
+        "--raw",
+        str(out),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--repeats",
+        str(args.repeats),
+        "--slow-repeats",
+        str(args.slow_repeats),
+        "--ks",
+        args.ks,
+    ]
+    print(f"\n=== {config}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        return {"config": config, "error": f"exit {os.waitstatus_to_exitcode(status)}"}
+    data = json.loads(out.read_text())
+    data["peak_rss_gib"] = usage.ru_maxrss / 2**20
+    data["wall_s"] = time.perf_counter() - t0
+    return data
+
+
+def prompt_set(path: Path | None) -> list[dict]:
+    import specrt
+    from specrt.bench import DEFAULT_PROMPTS, load_prompts
+
+    prompts = load_prompts(path) if path else list(DEFAULT_PROMPTS)
+    tok = specrt.open_bundle(BUNDLES["target-int4"]).load_tokenizer()
+    return [
+        {
+            "name": p.name,
+            "text": p.text,
+            "chat": p.chat,
+            "kind": p.kind,
+            "ids": tok.encode_chat(p.text) if p.chat else tok.encode(p.text),
+        }
+        for p in prompts
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "results")
+    parser.add_argument("--prompts", type=Path, default=None, help="JSON lines (see specrt bench)")
+    parser.add_argument("--only", nargs="*", choices=CONFIGS, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per prompt for the fast configurations")
+    parser.add_argument("--slow-repeats", type=int, default=1, help="timed runs per prompt for transformers")
+    parser.add_argument("--ks", default="2,3,4,6", help="k values for specrt (genai uses 3 and 5)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--prompts-json", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--raw", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+
+    if args.worker:  # child process: one configuration
+        prompts = json.loads(args.prompts_json.read_text())
+        n, result = args.max_new_tokens, {"config": args.worker}
+        if args.worker.startswith("transformers"):
+            result["rows"] = worker_transformers(prompts, n, args.slow_repeats, args.worker.endswith("assisted"))
+        elif args.worker == "genai-int4":
+            result["rows"] = worker_genai(prompts, n, args.repeats, [3, 5])
+        else:
+            result["rows"], result["step_ms"] = worker_specrt(prompts, n, args.repeats, ks, args.worker[7:])
+        args.raw.parent.mkdir(parents=True, exist_ok=True)
+        args.raw.write_text(json.dumps(result))
+        return 0
+
+    from bench_report import write_report  # noqa: E402  (scripts/ sibling)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    configs = args.only or CONFIGS
+    if any(c.startswith(("transformers", "genai")) for c in configs):
+        prepare_hf_folders()
+    if "genai-int4" in configs and not prepare_genai():
+        configs = [c for c in configs if c != "genai-int4"]
+    prompts = prompt_set(args.prompts)
+    prompts_file = args.out / "prompts.json"
+    prompts_file.write_text(json.dumps(prompts))
+    results = [run_worker(c, args, prompts_file) for c in configs]
+    command = "python scripts/bench_peers.py " + " ".join(sys.argv[1:])
+    write_report(results, prompts, args.out, command, args.max_new_tokens)
+    print((args.out / "results.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""The report of scripts/bench_peers.py: results.json, results.md (tables) and results.png (chart)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rows(results: list[dict]) -> list[dict]:
+    """Flatten to one row per (configuration label, prompt)."""
+    names = {
+        "transformers-fp32": lambda r: "transformers fp32 target",
+        "transformers-assisted": lambda r: "transformers assisted (fp32 + fp32 draft)",
+        "genai-int4": lambda r: (
+            "genai int4 target" if r["config"] == "target-only" else f"genai int4 + int4 draft, {r['config']}"
+        ),
+        "specrt-fp32": lambda r: (
+            "specrt fp32 target" if r["config"] == "target-only" else f"specrt fp32 + int4 draft, {r['config']}"
+        ),
+        "specrt-int4": lambda r: (
+            "specrt int4 target" if r["config"] == "target-only" else f"specrt int4 + int4 draft, {r['config']}"
+        ),
+    }
+    out = []
+    for res in results:
+        for r in res.get("rows", []):
+            out.append(
+                {
+                    **r,
+                    "label": names[res["config"]](r),
+                    "family": res["config"],
+                    "peak_rss_gib": res.get("peak_rss_gib"),
+                }
+            )
+    return out
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _margin(prompt_ids: list[int], prefix: list[int]) -> float:
+    """The fp32 target's top-2 logit margin after prompt + prefix (specrt's fp32 bundle, torch-free)."""
+    import numpy as np
+
+    import specrt
+    from specrt.session import ModelSession
+
+    session = ModelSession(specrt.open_bundle(ROOT / "engines/qwen2.5-coder-1.5b-fp32"))
+    logits = session.forward(prompt_ids + prefix, keep=1)[-1]
+    top2 = np.sort(logits)[-2:]
+    return float(top2[1] - top2[0])
+
+
+def equality_checks(rows: list[dict], prompts: list[dict]) -> list[str]:
+    """Greedy outputs that must match, and where they do not, the position and the target's margin."""
+    by = {(r["label"], r["prompt"]): r for r in rows}
+    ids = {p["name"]: p["ids"] for p in prompts}
+    pairs = [
+        ("transformers assisted (fp32 + fp32 draft)", "transformers fp32 target"),
+        ("specrt fp32 target", "transformers fp32 target"),
+    ]
+    pairs += [(r["label"], "genai int4 target") for r in rows if r["label"].startswith("genai int4 +")]
+    lines = []
+    for a, b in dict.fromkeys(pairs):
+        found = [p for p in ids if (a, p) in by and (b, p) in by]
+        if not found:
+            continue
+        bad = []
+        for p in found:
+            pos = _first_divergence(by[(a, p)]["token_ids"], by[(b, p)]["token_ids"])
+            if pos is not None:
+                margin = _margin(ids[p], by[(b, p)]["token_ids"][:pos]) if "fp32" in b else float("nan")
+                bad.append(f"{p} at token {pos} (fp32 target top-2 margin {margin:.3g})")
+        verdict = "equal on all prompts" if not bad else "differs: " + "; ".join(bad)
+        lines.append(f"- {a} vs {b}: {len(found) - len(bad)}/{len(found)} equal. {verdict}")
+    return lines
+
+
+def write_report(results: list[dict], prompts: list[dict], out: Path, command: str, n: int) -> None:
+    rows = _rows(results)
+    names = [p["name"] for p in prompts]
+    kinds = {p["name"]: p["kind"] for p in prompts}
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    by = {(r["label"], r["prompt"]): r for r in rows}
+    (out / "results.json").write_text(json.dumps({"command": command, "results": results, "prompts": prompts}))
+
+    md = [
+        f"Command: `{command}`  ",
+        f"Machine: {platform.processor() or platform.machine()}, "
+        f"{__import__('os').cpu_count()} cores; {n} new tokens per prompt, greedy, batch 1, EOS ignored.",
+        "",
+    ]
+    md.append("Tokens/s (end to end, prefill included; median of repeats):")
+    md.append("")
+    md.append("| configuration | " + " | ".join(names) + " | median | peak RSS GiB |")
+    md.append("|---" * (len(names) + 3) + "|")
+    for label in labels:
+        vals = [by[(label, p)]["tokens_per_s"] if (label, p) in by else None for p in names]
+        got = [v for v in vals if v is not None]
+        rss = next((by[(label, p)]["peak_rss_gib"] for p in names if (label, p) in by), None)
+        md.append(
+            f"| {label} | "
+            + " | ".join("-" if v is None else f"{v:.2f}" for v in vals)
+            + f" | {statistics.median(got):.2f} | {rss:.1f} |"
+            if got
+            else ""
+        )
+    md += [
+        "",
+        "specrt speculative rows (per prompt): speedup over the same bundle's target-only run, acceptance, "
+        "tokens per target pass, c = t_draft(1)/t_target(1), verify cost v = t(k+1)/t(1), Leviathan's "
+        "predicted speedup E/(kc+v), efficiency = achieved/predicted, greedy equality with target-only:",
+        "",
+    ]
+    md.append("| configuration | prompt | speedup | accept | tok/pass | c | v | predicted | efficiency | equal |")
+    md.append("|---" * 10 + "|")
+    for r in rows:
+        if r["family"].startswith("specrt") and r["k"]:
+            eq = "yes" if r["equal_to_target_only"] else f"no {r['divergence']}"
+            md.append(
+                f"| {r['label']} | {r['prompt']} | {r['speedup']:.2f}x | {100 * r['acceptance_rate']:.0f}% | "
+                f"{r['tokens_per_pass']:.2f} | {r['c']:.3f} | {r['verify_cost']:.2f} | "
+                f"{r['predicted_speedup']:.2f}x | {r['efficiency']:.2f} | {eq} |"
+            )
+    md += ["", "Equality of greedy outputs:", "", *equality_checks(rows, prompts), ""]
+    md += ["Targets:", "", *targets(rows, names, kinds)]
+    (out / "results.md").write_text("\n".join(md) + "\n")
+    chart(rows, labels, names, kinds, out / "results.png")
+
+
+def targets(rows: list[dict], names: list[str], kinds: dict[str, str]) -> list[str]:
+    by = {(r["label"], r["prompt"]): r for r in rows}
+    lines = []
+    for target in ("fp32", "int4"):
+        spec = [r for r in rows if r["family"] == f"specrt-{target}" and r["k"]]
+        if not spec:
+            continue
+        for kind in ("code", "prose", "chat"):
+            best = {}
+            for r in spec:
+                if kinds[r["prompt"]] == kind:
+                    best[r["prompt"]] = max(best.get(r["prompt"], 0), r["speedup"])
+            if best:
+                lines.append(
+                    f"- specrt {target} + int4 draft, best k per prompt, {kind} prompts: speedup over "
+                    f"target-only " + ", ".join(f"{v:.2f}x" for v in best.values())
+                )
+        eff = [r["efficiency"] for r in spec]
+        lines.append(f"- specrt {target}: efficiency median {statistics.median(eff):.2f}, min {min(eff):.2f}")
+    assisted = "transformers assisted (fp32 + fp32 draft)"
+    for target in ("fp32", "int4"):
+        ratios = []
+        for p in names:
+            best = max(
+                (r["tokens_per_s"] for r in rows if r["family"] == f"specrt-{target}" and r["k"] and r["prompt"] == p),
+                default=None,
+            )
+            if best and (assisted, p) in by:
+                ratios.append(best / by[(assisted, p)]["tokens_per_s"])
+        if ratios:
+            lines.append(
+                f"- specrt {target} speculative (best k) / transformers assisted per prompt: "
+                + ", ".join(f"{x:.1f}x" for x in ratios)
+            )
+    return lines
+
+
+def chart(rows: list[dict], labels: list[str], names: list[str], kinds: dict[str, str], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    groups = sorted(set(kinds.values()))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.5))
+    height = 0.8 / len(groups)
+    for gi, kind in enumerate(groups):
+        vals = []
+        for label in labels:
+            v = [r["tokens_per_s"] for r in rows if r["label"] == label and kinds[r["prompt"]] == kind]
+            vals.append(statistics.median(v) if v else 0)
+        ax.barh([i + gi * height for i in range(len(labels))], vals, height=height, label=f"{kind} prompts")
+    ax.set_yticks([i + height * (len(groups) - 1) / 2 for i in range(len(labels))], labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("tokens/s (median over prompts of the kind)")
+    ax.legend()
+    ax.set_title("Qwen2.5-Coder 1.5B target, 0.5B draft, 2-core CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,257 @@
+"""Benchmark of the runtime: target-only against speculative decoding, side by side, on the same prompts.
+
+For every prompt it runs target-only decoding (k = 0) and speculative decoding for each requested k,
+`repeats` times after `warmup` short runs, and reports the median end-to-end tokens/s (prefill included, caches
+cleared before every run), acceptance, tokens per target pass, and, for greedy runs, whether the output
+equals the target-only output (with the first divergence and the target's top-2 margin there if not).
+
+It also measures the step costs that decide the gain: t_target(S) for S = 1 and k + 1 (the verify pass)
+and t_draft(1) at the prompt's context, so each row carries the speedup that Leviathan et al.'s formula
+predicts from measured quantities, E / (k c + v) with E = tokens per target pass, c = t_draft(1) / t_target(1),
+v = t_target(k + 1) / t_target(1), and efficiency = achieved / predicted.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from .api import Engine
+from .errors import OptionsError
+from .options import GenerationOptions
+from .session import ModelSession
+
+
+@dataclass(frozen=True)
+class Prompt:
+    name: str
+    text: str
+    chat: bool = False
+    kind: str = "code"  # code | prose | chat: groups rows in summaries
+
+
+DEFAULT_PROMPTS = (
+    Prompt("code-complete-sort", 'def merge_sort(items):\n    """Sort a list with merge sort."""\n'),
+    Prompt("code-complete-class", "class LRUCache:\n    def __init__(self, capacity: int):\n"),
+    Prompt(
+        "code-edit",
+        "Rewrite this function with type hints and a docstring, keeping the logic the same:\n\n"
+        "def area(shape, a, b=None):\n    if shape == 'circle':\n        return 3.14159 * a * a\n"
+        "    if shape == 'rect':\n        return a * b\n    if shape == 'square':\n        return a * a\n"
+        "    raise ValueError(shape)\n",
+        chat=True,
+    ),
+    Prompt(
+        "docstring",
+        'def moving_average(values, window):\n    """',
+    ),
+    Prompt("prose-story", "Once upon a time, in a small village by the sea, there lived", kind="prose"),
+    Prompt("prose-explain", "The main causes of inflation in modern economies are", kind="prose"),
+    Prompt(
+        "chat-code",
+        "Write a Python function that checks whether a string is a palindrome.",
+        chat=True,
+        kind="chat",
+    ),
+    Prompt("chat-explain", "Explain what a hash table is and when to use one.", chat=True, kind="chat"),
+)
+
+
+def load_prompts(path: str | Path) -> list[Prompt]:
+    """A JSON-lines file: {"name": ..., "prompt": ..., "chat": false, "kind": "code"} per line."""
+    prompts = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            prompts.append(
+                Prompt(
+                    d.get("name", f"prompt-{n}"),
+                    d["prompt"],
+                    bool(d.get("chat", False)),
+                    d.get("kind", "code"),
+                )
+            )
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise OptionsError(f'{path}:{n}: expected a JSON object with a "prompt" field ({e})') from None
+    if not prompts:
+        raise OptionsError(f"{path}: no prompts")
+    return prompts
+
+
+@dataclass
+class Row:
+    prompt: str
+    kind: str
+    config: str  # "target-only" or "k=N"
+    k: int
+    tokens_per_s: float  # median over repeats, end to end
+    runs_tokens_per_s: list[float]
+    new_tokens: int
+    acceptance_rate: float = 0.0
+    tokens_per_pass: float = 1.0
+    speedup: float = 1.0  # over target-only on the same prompt
+    c: float | None = None  # t_draft(1) / t_target(1)
+    verify_cost: float | None = None  # t_target(k+1) / t_target(1)
+    predicted_speedup: float | None = None
+    efficiency: float | None = None
+    equal_to_target_only: bool | None = None
+    divergence: dict | None = None  # {"position": i, "top2_margin": m} when greedy outputs differ
+
+
+@dataclass
+class BenchResult:
+    target: str
+    draft: str | None
+    max_new_tokens: int
+    temperature: float
+    repeats: int
+    step_ms: dict = field(default_factory=dict)  # prompt -> {"target": {S: ms}, "draft": {1: ms}}
+    rows: list[Row] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    def markdown(self) -> str:
+        head = (
+            "| prompt | config | tok/s | speedup | accept | tok/pass | c | t(k+1)/t(1) | predicted | "
+            "efficiency | = target-only |"
+        )
+        lines = [head, "|" + "---|" * (head.count("|") - 1)]
+        for r in self.rows:
+            lines.append(
+                f"| {r.prompt} | {r.config} | {r.tokens_per_s:.2f} | {r.speedup:.2f}x | "
+                f"{_pct(r.acceptance_rate, r.k)} | {r.tokens_per_pass:.2f} | {_num(r.c)} | {_num(r.verify_cost)} | "
+                f"{_num(r.predicted_speedup, 'x')} | {_num(r.efficiency)} | {_eq(r)} |"
+            )
+        return "\n".join(lines)
+
+
+def _pct(x: float, k: int) -> str:
+    return f"{100 * x:.0f}%" if k else "-"
+
+
+def _num(x: float | None, suffix: str = "") -> str:
+    return "-" if x is None else f"{x:.2f}{suffix}"
+
+
+def _eq(r: Row) -> str:
+    if r.equal_to_target_only is None:
+        return "-"
+    if r.equal_to_target_only:
+        return "yes"
+    d = r.divergence or {}
+    return f"no (pos {d.get('position')}, margin {d.get('top2_margin', float('nan')):.3g})"
+
+
+def step_time_ms(session: ModelSession, context: list[int], widths: Sequence[int], reps: int = 7) -> dict[int, float]:
+    """Median wall time of one forward of S new tokens after `context`, for each S (cache restored each time)."""
+    session.kv.reset()
+    session.forward(context, keep=1)
+    base = session.kv.length
+    out = {}
+    for s in widths:
+        if base + s > session.max_len:
+            continue
+        ids = (context * (s // max(len(context), 1) + 1))[:s]
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            session.forward(ids, keep=s)
+            times.append(time.perf_counter() - t0)
+            session.kv.truncate(base)
+        out[s] = 1000 * statistics.median(times[1:])
+    session.kv.reset()
+    return out
+
+
+def divergence(engine: Engine, prompt_ids: list[int], a: list[int], b: list[int]) -> dict:
+    """First position where two greedy outputs differ, and the target's top-2 logit margin there."""
+    pos = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    session = engine.target
+    session.kv.reset()
+    logits = session.forward(prompt_ids + a[:pos], keep=1)[-1]
+    top2 = np.sort(logits)[-2:]
+    session.kv.reset()
+    return {"position": pos, "top2_margin": float(top2[1] - top2[0])}
+
+
+def run_bench(
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    ks: Sequence[int],
+    max_new_tokens: int = 128,
+    repeats: int = 3,
+    warmup: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+    log: Callable[[str], None] = lambda s: None,
+) -> BenchResult:
+    if engine.draft is None and any(ks):
+        raise OptionsError("speculative configurations need a draft bundle (--draft)")
+    result = BenchResult(
+        str(engine.target.bundle.path),
+        str(engine.draft.bundle.path) if engine.draft else None,
+        max_new_tokens,
+        temperature,
+        repeats,
+    )
+    for prompt in prompts:
+        ids = engine.encode(prompt.text, chat=prompt.chat)
+        widths = sorted({1, *(k + 1 for k in ks if k)})
+        steps = {"target": step_time_ms(engine.target, ids, widths)}
+        if engine.draft is not None:
+            steps["draft"] = step_time_ms(engine.draft, ids, [1])
+        result.step_ms[prompt.name] = steps
+        base_row, base_ids = None, None
+        for k in [0, *[k for k in ks if k]]:
+            options = GenerationOptions(
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+                num_draft_tokens=k,
+                ignore_eos=True,
+            )
+            for _ in range(warmup):  # short untimed runs: page in weights, size buffers, settle threads
+                engine.reset()
+                engine.complete(ids, replace(options, max_new_tokens=min(16, max_new_tokens)))
+            speeds, gen = [], None
+            for _ in range(repeats):
+                engine.reset()
+                gen = engine.complete(ids, options)
+                speeds.append(gen.stats.new_tokens / gen.stats.total_s)
+            s = gen.stats
+            row = Row(
+                prompt.name,
+                prompt.kind,
+                "target-only" if k == 0 else f"k={k}",
+                k,
+                statistics.median(speeds),
+                speeds,
+                s.new_tokens,
+                s.acceptance_rate,
+                s.tokens_per_target_pass,
+            )
+            if k == 0:
+                base_row, base_ids = row, gen.token_ids
+            else:
+                t = steps["target"]
+                row.speedup = row.tokens_per_s / base_row.tokens_per_s
+                row.c = steps["draft"][1] / t[1]
+                row.verify_cost = t.get(k + 1, float("nan")) / t[1]
+                row.predicted_speedup = row.tokens_per_pass / (k * row.c + row.verify_cost)
+                row.efficiency = row.speedup / row.predicted_speedup
+                if temperature == 0:
+                    row.equal_to_target_only = gen.token_ids == base_ids
+                    if not row.equal_to_target_only:
+                        row.divergence = divergence(engine, ids, base_ids, gen.token_ids)
+            result.rows.append(row)
+            log(f"{prompt.name:<22} {row.config:<12} {row.tokens_per_s:7.2f} tok/s  {row.speedup:5.2f}x")
+    return result
