@@ -113,7 +113,7 @@ def validate(ckpt: Checkpoint, out_dir: Path, manifest: Manifest, gated: bool, p
         reference=f"transformers {transformers.__version__} / torch {torch.__version__} fp32",
         steps=steps,
         max_abs_diff=max(s.max_abs_diff for s in steps),
-        top1_agreement=float(np.mean([s.top1_agreement for s in steps])),
+        top1_agreement=sum(s.top1_agreement * s.new_tokens for s in steps) / sum(s.new_tokens for s in steps),
         tolerance=RELATIVE_TOLERANCE if gated else None,
         passed=not failures,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
 from .bundle import check_pair, open_bundle
 from .errors import PromptError
@@ -87,8 +88,15 @@ def load(
     threads: int = 0,
     device: str = "cpu",
     draft_threads: int | None = None,
+    spinning: bool | None = None,
 ) -> Engine:
-    """Load bundles for generation. threads=0 lets ONNX Runtime choose."""
-    opts = SessionOptions(device=device, intra_op_threads=threads)
-    draft_opts = SessionOptions(device=device, intra_op_threads=threads if draft_threads is None else draft_threads)
+    """Load bundles for generation. threads=0 lets ONNX Runtime choose.
+
+    spinning=None (auto) keeps ONNX Runtime's spinning worker threads for a lone target but turns them off
+    when a draft is loaded: the two sessions alternate on the same cores, and each one's spinning threads
+    would steal cycles from the other (measured on 2 cores: 11.3 -> 13.2 tok/s, fp32 1.5B + int4 0.5B).
+    """
+    spin = draft is None if spinning is None else spinning
+    opts = SessionOptions(device=device, intra_op_threads=threads, allow_spinning=spin)
+    draft_opts = replace(opts, intra_op_threads=threads if draft_threads is None else draft_threads)
     return Engine(target, draft, opts, draft_opts)
