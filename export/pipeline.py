@@ -17,6 +17,10 @@ from .progress import Progress
 from .source import Checkpoint, open_checkpoint
 
 QUANT_METHODS = {"none": None, "int8": 8, "int4": 4}
+# A target mostly runs (k+1)-token verify passes, a draft mostly 1-token steps: their best formats differ
+# (see the README's verify-cost table). These are the defaults `specrt export` uses when --quant is not given.
+ROLE_DEFAULTS = {"target": "none", "draft": "int4"}
+QUANT_DEFAULTS = {"int4": {"block_size": 32, "accuracy_level": 4}, "int8": {"block_size": 32, "accuracy_level": 4}}
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _BUNDLE_FILES = ("manifest.json", "model.onnx", "model.onnx.data", "tokenizer.json", "chat_template.jinja")
 
@@ -47,6 +51,32 @@ class ExportOptions:
             raise ExportError(f"accuracy level {self.accuracy_level} is not in 0..4")
         if self.max_seq_len is not None and self.max_seq_len < 32:
             raise ExportError(f"max_seq_len {self.max_seq_len} is too small; use at least 32")
+
+    @classmethod
+    def for_role(
+        cls,
+        role: str,
+        quant: str | None = None,
+        block_size: int | None = None,
+        accuracy_level: int | None = None,
+        lm_head: str | None = None,
+        **kw,
+    ) -> ExportOptions:
+        """Options with the measured-best defaults for the role filled in where the caller left them open."""
+        quant = quant or ROLE_DEFAULTS[role]
+        defaults = QUANT_DEFAULTS.get(quant, {})
+        return cls(
+            role=role,
+            quant=quant,
+            block_size=block_size or defaults.get("block_size", 32),
+            accuracy_level=defaults.get("accuracy_level", 4) if accuracy_level is None else accuracy_level,
+            quantize_lm_head=(lm_head or "quantized") == "quantized",
+            **kw,
+        )
+
+    @property
+    def quant_label(self) -> str:
+        return self.quant if self.quant != "none" else self.dtype
 
     def quantization(self) -> Quantization:
         bits = QUANT_METHODS[self.quant]

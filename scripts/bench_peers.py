@@ -41,7 +41,13 @@ BUNDLES = {
     "draft-int4": ROOT / "engines/qwen2.5-coder-0.5b-int4",
 }
 GENAI = {role: ROOT / "engines/genai" / f"{role}-int4" for role in ("target", "draft")}
-CONFIGS = ["transformers-fp32", "transformers-assisted", "genai-int4", "specrt-fp32", "specrt-int4"]
+# specrt workers: name -> (target precision, drafters, k configurations; None = auto)
+SPECRT = {
+    "specrt-fp32": ("fp32", ["model"], [None, 2, 4, 6]),
+    "specrt-int4": ("int4", ["model"], [None, 2, 4]),
+    "specrt-int4-ngram": ("int4", ["ngram"], [None, 4]),
+}
+CONFIGS = ["transformers-fp32", "transformers-assisted", "genai-int4", *SPECRT]
 
 
 # ---------------------------------------------------------------- preparation (once, cached on disk)
@@ -206,11 +212,13 @@ def worker_genai(prompts: list[dict], n: int, repeats: int, ks: list[int]) -> li
     return rows
 
 
-def worker_specrt(prompts: list[dict], n: int, repeats: int, ks: list[int], target: str) -> tuple[list[dict], dict]:
+def worker_specrt(prompts: list[dict], n: int, repeats: int, name: str) -> tuple[list[dict], dict]:
     import specrt
     from specrt.bench import Prompt, run_bench
 
-    engine = specrt.load(BUNDLES[f"target-{target}"], BUNDLES["draft-int4"])
+    target, drafters, ks = SPECRT[name]
+    draft = BUNDLES["draft-int4"] if "model" in drafters else None
+    engine = specrt.load(BUNDLES[f"target-{target}"], draft, ngram="ngram" in drafters)
     plist = [Prompt(p["name"], p["text"], p["chat"], p["kind"]) for p in prompts]
     result = run_bench(engine, plist, ks, n, repeats, warmup=1, log=lambda s: print(s, flush=True))
     rows = []
@@ -241,8 +249,6 @@ def run_worker(config: str, args, prompts_file: Path) -> dict:
         str(args.repeats),
         "--slow-repeats",
         str(args.slow_repeats),
-        "--ks",
-        args.ks,
     ]
     print(f"\n=== {config}", flush=True)
     t0 = time.perf_counter()
@@ -282,12 +288,10 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per prompt for the fast configurations")
     parser.add_argument("--slow-repeats", type=int, default=1, help="timed runs per prompt for transformers")
-    parser.add_argument("--ks", default="2,3,4,6", help="k values for specrt (genai uses 3 and 5)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prompts-json", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--raw", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    ks = [int(k) for k in args.ks.split(",")]
 
     if args.worker:  # child process: one configuration
         prompts = json.loads(args.prompts_json.read_text())
@@ -297,7 +301,7 @@ def main() -> int:
         elif args.worker == "genai-int4":
             result["rows"] = worker_genai(prompts, n, args.repeats, [3, 5])
         else:
-            result["rows"], result["step_ms"] = worker_specrt(prompts, n, args.repeats, ks, args.worker[7:])
+            result["rows"], result["step_ms"] = worker_specrt(prompts, n, args.repeats, args.worker)
         args.raw.parent.mkdir(parents=True, exist_ok=True)
         args.raw.write_text(json.dumps(result))
         return 0

@@ -77,8 +77,11 @@ def equality_checks(rows: list[dict], prompts: list[dict]) -> list[str]:
         for p in found:
             pos = _first_divergence(by[(a, p)]["token_ids"], by[(b, p)]["token_ids"])
             if pos is not None:
-                margin = _margin(ids[p], by[(b, p)]["token_ids"][:pos]) if "fp32" in b else float("nan")
-                bad.append(f"{p} at token {pos} (fp32 target top-2 margin {margin:.3g})")
+                if "fp32" in b:
+                    margin = _margin(ids[p], by[(b, p)]["token_ids"][:pos])
+                    bad.append(f"{p} at token {pos} (fp32 target top-2 margin {margin:.3g})")
+                else:
+                    bad.append(f"{p} at token {pos}")
         verdict = "equal on all prompts" if not bad else "differs: " + "; ".join(bad)
         lines.append(f"- {a} vs {b}: {len(found) - len(bad)}/{len(found)} equal. {verdict}")
     return lines
@@ -123,7 +126,7 @@ def write_report(results: list[dict], prompts: list[dict], out: Path, command: s
     md.append("| configuration | prompt | speedup | accept | tok/pass | c | v | predicted | efficiency | equal |")
     md.append("|---" * 10 + "|")
     for r in rows:
-        if r["family"].startswith("specrt") and r["k"]:
+        if r["family"].startswith("specrt") and r["config"] != "target-only":
             eq = "yes" if r["equal_to_target_only"] else f"no {r['divergence']}"
             md.append(
                 f"| {r['label']} | {r['prompt']} | {r['speedup']:.2f}x | {100 * r['acceptance_rate']:.0f}% | "
@@ -137,39 +140,52 @@ def write_report(results: list[dict], prompts: list[dict], out: Path, command: s
 
 
 def targets(rows: list[dict], names: list[str], kinds: dict[str, str]) -> list[str]:
-    by = {(r["label"], r["prompt"]): r for r in rows}
+    """The figures the issues set targets for, computed from this run."""
+    by = {(r["family"], r["config"], r["prompt"]): r for r in rows}
+
+    def per_prompt(family: str, config: str, fn) -> str:
+        vals = [(p, fn(by[(family, config, p)], p)) for p in names if (family, config, p) in by]
+        return ", ".join(f"{p} {v:.2f}" for p, v in vals) or "not run"
+
+    def best_spec(family: str, p: str) -> float:
+        return max(
+            (
+                r["tokens_per_s"]
+                for r in rows
+                if r["family"] == family and r["prompt"] == p and r["config"] != "target-only"
+            ),
+            default=float("nan"),
+        )
+
     lines = []
-    for target in ("fp32", "int4"):
-        spec = [r for r in rows if r["family"] == f"specrt-{target}" and r["k"]]
-        if not spec:
-            continue
-        for kind in ("code", "prose", "chat"):
-            best = {}
-            for r in spec:
-                if kinds[r["prompt"]] == kind:
-                    best[r["prompt"]] = max(best.get(r["prompt"], 0), r["speedup"])
-            if best:
-                lines.append(
-                    f"- specrt {target} + int4 draft, best k per prompt, {kind} prompts: speedup over "
-                    f"target-only " + ", ".join(f"{v:.2f}x" for v in best.values())
-                )
-        eff = [r["efficiency"] for r in spec]
-        lines.append(f"- specrt {target}: efficiency median {statistics.median(eff):.2f}, min {min(eff):.2f}")
-    assisted = "transformers assisted (fp32 + fp32 draft)"
-    for target in ("fp32", "int4"):
-        ratios = []
-        for p in names:
-            best = max(
-                (r["tokens_per_s"] for r in rows if r["family"] == f"specrt-{target}" and r["k"] and r["prompt"] == p),
-                default=None,
+    for family in ("specrt-fp32", "specrt-int4", "specrt-int4-ngram"):
+        for config in sorted({r["config"] for r in rows if r["family"] == family} - {"target-only"}):
+            lines.append(
+                f"- {family} {config}: speedup over its target-only per prompt: "
+                + per_prompt(family, config, lambda r, p: r["speedup"])
             )
-            if best and (assisted, p) in by:
-                ratios.append(best / by[(assisted, p)]["tokens_per_s"])
+            eff = [r["efficiency"] for r in rows if r["family"] == family and r["config"] == config]
+            lines.append(f"  efficiency median {statistics.median(eff):.2f}, min {min(eff):.2f}")
+    assisted = "transformers assisted (fp32 + fp32 draft)"
+    for family in ("specrt-fp32", "specrt-int4"):
+        ratios = [
+            (p, best_spec(family, p) / by[("transformers-assisted", "target+draft", p)]["tokens_per_s"])
+            for p in names
+            if ("transformers-assisted", "target+draft", p) in by
+        ]
+        ratios = [(p, v) for p, v in ratios if v == v]  # drop prompts this run did not measure
         if ratios:
             lines.append(
-                f"- specrt {target} speculative (best k) / transformers assisted per prompt: "
-                + ", ".join(f"{x:.1f}x" for x in ratios)
+                f"- {family} speculative (best config) / {assisted}: " + ", ".join(f"{p} {v:.1f}x" for p, v in ratios)
             )
+    genai = [r for r in rows if r["family"] == "genai-int4" and r["config"] != "target-only"]
+    ratios = []
+    for p in names:
+        theirs = [r["tokens_per_s"] for r in genai if r["prompt"] == p]
+        if ("specrt-int4", "auto", p) in by and theirs:
+            ratios.append(f"{p} {by[('specrt-int4', 'auto', p)]['tokens_per_s'] / max(theirs):.2f}x")
+    if ratios:
+        lines.append("- specrt-int4 auto / best genai int4 speculative: " + ", ".join(ratios))
     return lines
 
 

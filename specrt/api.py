@@ -16,9 +16,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from .bundle import check_pair, open_bundle
+from .costmodel import CostModel, StepCost
+from .drafters import ModelDrafter, NgramDrafter
 from .errors import PromptError
 from .generate import Generation
 from .options import GenerationOptions
+from .profile import profile_for
 from .session import ModelSession, SessionOptions
 from .speculative import Speculator
 
@@ -32,6 +35,7 @@ class Engine:
         draft: PathLike | None = None,
         session_options: SessionOptions | None = None,
         draft_session_options: SessionOptions | None = None,
+        ngram: bool = False,
     ):
         target_bundle = open_bundle(target)
         draft_bundle = open_bundle(draft) if draft is not None else None
@@ -41,6 +45,21 @@ class Engine:
         session_options = session_options or SessionOptions()
         self.target = ModelSession(target_bundle, session_options)
         self.draft = ModelSession(draft_bundle, draft_session_options or session_options) if draft_bundle else None
+        self.ngram = NgramDrafter() if ngram else None
+        # Learned across generations: acceptance per drafter and live step-cost scales.
+        self._costs: dict[str, CostModel] = {}
+
+    def _cost_models(self, options: GenerationOptions, context: int) -> dict[str, CostModel]:
+        """Cost models for auto k, from each bundle's cost profile (measured now if this machine has none)."""
+        if options.num_draft_tokens is not None:
+            return {}
+        if not self._costs:
+            target = StepCost(profile_for(self.target, options.max_draft_tokens + 1, context))
+            if self.draft is not None:
+                self._costs["model"] = CostModel(target, StepCost(profile_for(self.draft, 1, context)))
+            if self.ngram is not None:
+                self._costs["ngram"] = CostModel(target, None)  # the same target StepCost: one live scale
+        return self._costs
 
     def reset(self) -> None:
         """Forget the cached context (the next prompt is prefilled from scratch)."""
@@ -73,8 +92,12 @@ class Engine:
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise PromptError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        draft = self.draft if options.num_draft_tokens > 0 else None
-        return Generation(Speculator(self.target, draft, options), self.tokenizer, ids)
+        drafters: list[ModelDrafter | NgramDrafter] = []
+        if options.num_draft_tokens != 0:
+            drafters += [self.ngram] if self.ngram is not None else []
+            drafters += [ModelDrafter(self.draft)] if self.draft is not None else []
+        costs = self._cost_models(options, len(ids)) if drafters else {}
+        return Generation(Speculator(self.target, drafters, options, costs), self.tokenizer, ids)
 
     def complete(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **kw) -> Generation:
         """Run a generation to the end and return it (text, token_ids, stats, finish_reason)."""
@@ -89,8 +112,10 @@ def load(
     device: str = "cpu",
     draft_threads: int | None = None,
     spinning: bool | None = None,
+    ngram: bool = False,
 ) -> Engine:
-    """Load bundles for generation. threads=0 lets ONNX Runtime choose.
+    """Load bundles for generation. threads=0 lets ONNX Runtime choose; ngram=True adds prompt-lookup
+    drafting (tried before the draft model, or alone without one).
 
     spinning=None (auto) keeps ONNX Runtime's spinning worker threads for a lone target but turns them off
     when a draft is loaded: the two sessions alternate on the same cores, and each one's spinning threads
@@ -99,4 +124,4 @@ def load(
     spin = draft is None if spinning is None else spinning
     opts = SessionOptions(device=device, intra_op_threads=threads, allow_spinning=spin)
     draft_opts = replace(opts, intra_op_threads=threads if draft_threads is None else draft_threads)
-    return Engine(target, draft, opts, draft_opts)
+    return Engine(target, draft, opts, draft_opts, ngram=ngram)

@@ -90,20 +90,24 @@ def load_prompts(path: str | Path) -> list[Prompt]:
 class Row:
     prompt: str
     kind: str
-    config: str  # "target-only" or "k=N"
-    k: int
+    config: str  # "target-only", "k=N" or "auto"
+    k: int | None
     tokens_per_s: float  # median over repeats, end to end
     runs_tokens_per_s: list[float]
     new_tokens: int
     acceptance_rate: float = 0.0
     tokens_per_pass: float = 1.0
     speedup: float = 1.0  # over target-only on the same prompt
-    c: float | None = None  # t_draft(1) / t_target(1)
-    verify_cost: float | None = None  # t_target(k+1) / t_target(1)
+    c: float | None = None  # t_draft(1) / t_target(1) (0 for n-gram rounds)
+    verify_cost: float | None = None  # t_target(k+1) / t_target(1), averaged over the rounds
     predicted_speedup: float | None = None
     efficiency: float | None = None
     equal_to_target_only: bool | None = None
     divergence: dict | None = None  # {"position": i, "top2_margin": m} when greedy outputs differ
+    decode_tokens_per_s: float = 0.0  # after prefill
+    k_histogram: dict = field(default_factory=dict)
+    overhead_ms_per_round: float = 0.0  # wall time outside ONNX Runtime per target pass
+    overhead_vs_step: float = 0.0  # ... as a fraction of one target decode step
 
 
 @dataclass
@@ -122,20 +126,21 @@ class BenchResult:
     def markdown(self) -> str:
         head = (
             "| prompt | config | tok/s | speedup | accept | tok/pass | c | t(k+1)/t(1) | predicted | "
-            "efficiency | = target-only |"
+            "efficiency | overhead | = target-only |"
         )
         lines = [head, "|" + "---|" * (head.count("|") - 1)]
         for r in self.rows:
             lines.append(
                 f"| {r.prompt} | {r.config} | {r.tokens_per_s:.2f} | {r.speedup:.2f}x | "
                 f"{_pct(r.acceptance_rate, r.k)} | {r.tokens_per_pass:.2f} | {_num(r.c)} | {_num(r.verify_cost)} | "
-                f"{_num(r.predicted_speedup, 'x')} | {_num(r.efficiency)} | {_eq(r)} |"
+                f"{_num(r.predicted_speedup, 'x')} | {_num(r.efficiency)} | {100 * r.overhead_vs_step:.1f}% | "
+                f"{_eq(r)} |"
             )
         return "\n".join(lines)
 
 
-def _pct(x: float, k: int) -> str:
-    return f"{100 * x:.0f}%" if k else "-"
+def _pct(x: float, k: int | None) -> str:
+    return "-" if k == 0 else f"{100 * x:.0f}%"
 
 
 def _num(x: float | None, suffix: str = "") -> str:
@@ -186,68 +191,74 @@ def divergence(engine: Engine, prompt_ids: list[int], a: list[int], b: list[int]
 def run_bench(
     engine: Engine,
     prompts: Sequence[Prompt],
-    ks: Sequence[int],
+    ks: Sequence[int | None],
     max_new_tokens: int = 128,
     repeats: int = 3,
     warmup: int = 1,
     temperature: float = 0.0,
     seed: int = 0,
     log: Callable[[str], None] = lambda s: None,
+    max_draft_tokens: int = 8,
 ) -> BenchResult:
-    if engine.draft is None and any(ks):
-        raise OptionsError("speculative configurations need a draft bundle (--draft)")
+    """ks: the speculative configurations to compare with target-only decoding (None: auto k)."""
+    if engine.draft is None and engine.ngram is None and any(k != 0 for k in ks):
+        raise OptionsError("speculative configurations need a draft (--draft DIR or --draft ngram)")
+    drafts = [str(engine.draft.bundle.path)] if engine.draft else []
     result = BenchResult(
         str(engine.target.bundle.path),
-        str(engine.draft.bundle.path) if engine.draft else None,
+        ", ".join(drafts + ["ngram"] * bool(engine.ngram)) or None,
         max_new_tokens,
         temperature,
         repeats,
     )
+    configs = [0, *dict.fromkeys(k for k in ks if k != 0)]
+    widest = max([max_draft_tokens if k is None else k for k in configs]) + 1
     for prompt in prompts:
         ids = engine.encode(prompt.text, chat=prompt.chat)
-        widths = sorted({1, *(k + 1 for k in ks if k)})
-        steps = {"target": step_time_ms(engine.target, ids, widths)}
+        steps = {"target": step_time_ms(engine.target, ids, list(range(1, widest + 1)))}
         if engine.draft is not None:
             steps["draft"] = step_time_ms(engine.draft, ids, [1])
         result.step_ms[prompt.name] = steps
         base_row, base_ids = None, None
-        for k in [0, *[k for k in ks if k]]:
+        for k in configs:
             options = GenerationOptions(
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 seed=seed,
                 num_draft_tokens=k,
+                max_draft_tokens=max_draft_tokens,
                 ignore_eos=True,
             )
             for _ in range(warmup):  # short untimed runs: page in weights, size buffers, settle threads
                 engine.reset()
                 engine.complete(ids, replace(options, max_new_tokens=min(16, max_new_tokens)))
-            speeds, gen = [], None
+            speeds, decode_speeds, gen = [], [], None
             for _ in range(repeats):
                 engine.reset()
                 gen = engine.complete(ids, options)
                 speeds.append(gen.stats.new_tokens / gen.stats.total_s)
+                decode_speeds.append(gen.stats.tokens_per_s)
             s = gen.stats
+            label = "target-only" if k == 0 else "auto" if k is None else f"k={k}"
             row = Row(
                 prompt.name,
                 prompt.kind,
-                "target-only" if k == 0 else f"k={k}",
+                label,
                 k,
                 statistics.median(speeds),
                 speeds,
                 s.new_tokens,
                 s.acceptance_rate,
                 s.tokens_per_target_pass,
+                decode_tokens_per_s=statistics.median(decode_speeds),
+                k_histogram={str(j): n for j, n in sorted(s.k_histogram.items())},
             )
+            row.overhead_ms_per_round = s.overhead_ms_per_round
+            row.overhead_vs_step = s.overhead_ms_per_round / steps["target"][1]
             if k == 0:
                 base_row, base_ids = row, gen.token_ids
             else:
-                t = steps["target"]
-                row.speedup = row.tokens_per_s / base_row.tokens_per_s
-                row.c = steps["draft"][1] / t[1]
-                row.verify_cost = t.get(k + 1, float("nan")) / t[1]
-                row.predicted_speedup = row.tokens_per_pass / (k * row.c + row.verify_cost)
-                row.efficiency = row.speedup / row.predicted_speedup
+                _predict(row, s, steps, base_row)
                 if temperature == 0:
                     row.equal_to_target_only = gen.token_ids == base_ids
                     if not row.equal_to_target_only:
@@ -255,3 +266,22 @@ def run_bench(
             result.rows.append(row)
             log(f"{prompt.name:<22} {row.config:<12} {row.tokens_per_s:7.2f} tok/s  {row.speedup:5.2f}x")
     return result
+
+
+def _predict(row: Row, stats, steps: dict, base: Row) -> None:
+    """Leviathan et al.'s speedup from measured quantities, round by round: E / mean(k c + v(k+1))."""
+    t = steps["target"]
+    c_model = steps["draft"][1] / t[1] if "draft" in steps else 0.0
+    rounds = sum(stats.rounds_by_drafter.values())
+    cost = verify = 0.0
+    for key, n in stats.rounds_by_drafter.items():
+        drafter, k = key.split("/")
+        v = t.get(int(k) + 1, float("nan")) / t[1]
+        cost += n * (int(k) * (c_model if drafter == "model" else 0.0) + v)
+        verify += n * v
+    row.speedup = row.tokens_per_s / base.tokens_per_s
+    row.c = c_model
+    row.verify_cost = verify / rounds
+    row.predicted_speedup = row.tokens_per_pass / (cost / rounds)
+    # Prefill is the same in both runs; compare decode throughput with the decode-only prediction.
+    row.efficiency = (row.decode_tokens_per_s / base.decode_tokens_per_s) / row.predicted_speedup

@@ -1,4 +1,4 @@
-"""The `specrt` command line: wires `export`, `generate` and `inspect` to the library, nothing more.
+"""The `specrt` command line: wires export, generate, bench, profile and inspect to the library.
 
 Known errors (any SpecrtError, bad options) print one line and exit with code 2; SPECRT_DEBUG=1 shows
 the traceback instead. The exporter is imported only by `specrt export`.
@@ -9,122 +9,126 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from . import __version__
-from .errors import SpecrtError
+from .errors import OptionsError, SpecrtError
+
+PathType = click.Path(path_type=Path)
 
 
 def _debug() -> bool:
     return os.environ.get("SPECRT_DEBUG", "") not in ("", "0")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class DraftCount(click.ParamType):
+    """`auto` (the cost model picks k each round) or an integer."""
+
+    name = "auto|N"
+
+    def convert(self, value, param, ctx):
+        if value is None or value == "auto":
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not 'auto' or an integer", param, ctx)
+
+
+def engine_options(f):
+    """Options shared by every command that runs bundles."""
+    for decorator in reversed(
+        [
+            click.option("--target", required=True, type=PathType, help="Target bundle folder."),
+            click.option(
+                "--draft",
+                "drafts",
+                multiple=True,
+                help="Draft bundle folder, or 'ngram' for prompt lookup; repeat to combine (n-gram tried first).",
+            ),
+            click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True),
+            click.option(
+                "--threads", type=int, default=0, show_default=True, help="Target intra-op threads (0: auto)."
+            ),
+            click.option(
+                "--draft-threads", type=int, default=None, help="Draft intra-op threads [default: --threads]."
+            ),
+            click.option(
+                "--spinning/--no-spinning",
+                default=None,
+                help="ONNX Runtime thread spinning [default: on for a lone target, off with a draft model].",
+            ),
+        ]
+    ):
+        f = decorator(f)
+    return f
+
+
+def _load(kw: dict):
+    from .api import load
+
+    drafts = kw.pop("drafts")
+    paths = [d for d in drafts if d != "ngram"]
+    if len(paths) > 1:
+        raise OptionsError(f"--draft: at most one draft bundle, got {len(paths)}; add 'ngram' for prompt lookup")
+    return load(
+        kw.pop("target"),
+        paths[0] if paths else None,
+        threads=kw.pop("threads"),
+        draft_threads=kw.pop("draft_threads"),
+        device=kw.pop("device"),
+        spinning=kw.pop("spinning"),
+        ngram="ngram" in drafts,
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="specrt")
 def cli() -> None:
     """Export LLMs to ONNX engine bundles and run lossless speculative decoding."""
 
 
 @cli.command()
-@click.option(
-    "--model",
-    "model",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Hugging Face model folder (config.json, safetensors, tokenizer).",
-)
+@click.option("--model", required=True, type=PathType, help="Hugging Face model folder or .gguf file.")
 @click.option("--role", type=click.Choice(["target", "draft"]), required=True, help="What the bundle is for.")
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Bundle folder to create [default: engines/<model>-<quant>].",
-)
+@click.option("--out", type=PathType, default=None, help="Bundle folder [default: engines/<model>-<quant>].")
 @click.option("--max-seq-len", type=int, default=None, help="KV buffer length [default: min(model max, 4096)].")
 @click.option("--dtype", type=click.Choice(["fp32"]), default="fp32", show_default=True)
 @click.option(
     "--quant",
     type=click.Choice(["none", "int8", "int4"]),
-    default="none",
-    show_default=True,
-    help="Weight-only quantization of the linear layers (MatMulNBits).",
+    default=None,
+    help="Weight-only quantization of the linear layers (MatMulNBits) [default: by role, see README].",
 )
-@click.option("--block-size", type=int, default=32, show_default=True, help="Quantization block size.")
-@click.option(
-    "--accuracy-level",
-    type=int,
-    default=4,
-    show_default=True,
-    help="MatMulNBits accuracy level (4: int8 compute, fastest on CPU; 0: fp32 compute).",
-)
-@click.option(
-    "--quantize-lm-head/--no-quantize-lm-head",
-    default=True,
-    show_default=True,
-    help="Quantize the LM head along with the other linear layers.",
-)
-@click.option(
-    "--validate/--no-validate",
-    default=True,
-    show_default=True,
-    help="Compare the graph with the PyTorch model (loads a second full copy of the weights).",
-)
-@click.option("--name", default=None, help="Bundle name recorded in the manifest [default: model folder name].")
+@click.option("--block-size", type=int, default=None, help="Quantization block size [default: by quant].")
+@click.option("--accuracy-level", type=int, default=None, help="MatMulNBits accuracy level [default: by quant].")
+@click.option("--lm-head", type=click.Choice(["quantized", "fp32"]), default=None, help="LM head precision.")
+@click.option("--validate/--no-validate", default=True, show_default=True, help="Compare with PyTorch (2x memory).")
+@click.option("--profile/--no-profile", default=True, show_default=True, help="Measure the verify-cost profile.")
+@click.option("--name", default=None, help="Bundle name in the manifest [default: model file or folder name].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
-def export(
-    model,
-    role,
-    out,
-    max_seq_len,
-    dtype,
-    quant,
-    block_size,
-    accuracy_level,
-    quantize_lm_head,
-    validate,
-    name,
-    overwrite,
-    quiet,
-):
+def export(model, out, quiet, profile, **kw):
     """Export a checkpoint to an engine bundle (needs: pip install 'specrt[export]')."""
     from .export import ExportOptions, Progress, export_bundle
 
-    options = ExportOptions(
-        role=role,
-        max_seq_len=max_seq_len,
-        dtype=dtype,
-        quant=quant,
-        block_size=block_size,
-        accuracy_level=accuracy_level,
-        quantize_lm_head=quantize_lm_head,
-        validate=validate,
-        name=name,
-        overwrite=overwrite,
-    )
-    out = out or Path("engines") / f"{model.name.removesuffix('.gguf')}-{quant if quant != 'none' else dtype}"
-    manifest = export_bundle(model, out, options, Progress(enabled=False if quiet else None))
+    options = ExportOptions.for_role(**kw)
+    out = out or Path("engines") / f"{model.name.removesuffix('.gguf')}-{options.quant_label}"
+    progress = Progress(enabled=False if quiet else None)
+    manifest = export_bundle(model, out, options, progress)
     click.echo(f"bundle written to {out}")
     click.echo(_describe(out, manifest))
+    if profile:
+        _profile_bundle(out, progress.log)
 
 
 @cli.command()
-@click.option("--target", required=True, type=click.Path(path_type=Path), help="Target bundle folder.")
-@click.option(
-    "--draft",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Draft bundle folder; without it, plain target-only decoding.",
-)
+@engine_options
 @click.option("--prompt", default=None, help="Prompt text.")
-@click.option(
-    "--prompt-file",
-    type=click.File("r", encoding="utf-8"),
-    default=None,
-    help="Read the prompt from a file ('-' for stdin).",
-)
+@click.option("--prompt-file", type=click.File("r", encoding="utf-8"), default=None, help="Prompt file ('-': stdin).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user turn with the bundle's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
@@ -135,108 +139,58 @@ def export(
 @click.option(
     "-k",
     "--num-draft-tokens",
-    type=int,
-    default=4,
+    type=DraftCount(),
+    default="auto",
     show_default=True,
-    help="Tokens the draft proposes per round (0: speculation off).",
+    help="Draft tokens per round: 'auto' lets the cost model choose (0 when speculation does not pay).",
 )
+@click.option("--max-draft-tokens", type=int, default=8, show_default=True, help="Largest k 'auto' may choose.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is generated.")
 @click.option("--stats", is_flag=True, help="Print speculation statistics to stderr.")
 @click.option("--compare", is_flag=True, help="Also run target-only decoding and print the speedup (stderr).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--threads", type=int, default=0, show_default=True, help="Target intra-op threads (0: auto).")
-@click.option("--draft-threads", type=int, default=None, help="Draft intra-op threads [default: --threads].")
-def generate(
-    target,
-    draft,
-    prompt,
-    prompt_file,
-    chat,
-    system,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    num_draft_tokens,
-    stop,
-    ignore_eos,
-    stream,
-    stats,
-    compare,
-    as_json,
-    device,
-    threads,
-    draft_threads,
-):
+def generate(prompt, prompt_file, chat, system, stream, stats, compare, as_json, **kw):
     """Generate text with a target bundle, speculatively when a draft is given."""
-    from .api import load
     from .options import GenerationOptions
 
     if (prompt is None) == (prompt_file is None):
         raise click.UsageError("give exactly one of --prompt or --prompt-file")
-    text = prompt if prompt is not None else prompt_file.read()
-    options = GenerationOptions(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
-        num_draft_tokens=num_draft_tokens,
-        stop=stop,
-        ignore_eos=ignore_eos,
-    )
-    if compare and draft is None:
+    if compare and not kw["drafts"]:
         raise click.UsageError("--compare needs --draft (it compares speculative with target-only decoding)")
-    engine = load(target, draft, threads=threads, draft_threads=draft_threads, device=device)
+    text = prompt if prompt is not None else prompt_file.read()
+    engine = _load(kw)
+    options = GenerationOptions(**kw)
     gen = engine.generate(text, options, chat=chat, system=system)
     live = stream and not as_json
     for piece in gen:
         if live:
             click.echo(piece, nl=False)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "text": gen.text,
-                    "token_ids": gen.token_ids,
-                    "finish_reason": gen.finish_reason,
-                    "stats": gen.stats.to_dict(),
-                }
-            )
-        )
+        out = {"text": gen.text, "token_ids": gen.token_ids, "finish_reason": gen.finish_reason}
+        click.echo(json.dumps({**out, "stats": gen.stats.to_dict()}))
     else:
         click.echo(gen.text if not live else "")
     if stats:
         click.echo(gen.stats.summary(), err=True)
     if compare:
-        _compare_with_target_only(engine, text, options, chat, system, gen)
-
-
-def _compare_with_target_only(engine, text, options, chat, system, spec) -> None:
-    """Rerun the same prompt without the draft, from a cold cache as the first run was, and report."""
-    from dataclasses import replace
-
-    engine.reset()
-    base = engine.complete(text, replace(options, num_draft_tokens=0), chat=chat, system=system)
-    fast, slow = spec.stats.new_tokens / spec.stats.total_s, base.stats.new_tokens / base.stats.total_s
-    same = "identical" if spec.token_ids == base.token_ids else "different (expected only when sampling)"
-    click.echo(
-        f"speculative {fast:.2f} tok/s vs target-only {slow:.2f} tok/s: {fast / slow:.2f}x speedup; outputs {same}",
-        err=True,
-    )
+        engine.reset()  # a cold cache, as the first run had
+        base = engine.complete(text, replace(options, num_draft_tokens=0), chat=chat, system=system)
+        fast, slow = (g.stats.new_tokens / g.stats.total_s for g in (gen, base))
+        same = "identical" if gen.token_ids == base.token_ids else "different (expected only when sampling)"
+        click.echo(
+            f"speculative {fast:.2f} tok/s vs target-only {slow:.2f} tok/s: {fast / slow:.2f}x speedup; outputs {same}",
+            err=True,
+        )
 
 
 @cli.command()
-@click.option("--target", required=True, type=click.Path(path_type=Path), help="Target bundle folder.")
-@click.option("--draft", type=click.Path(path_type=Path), default=None, help="Draft bundle folder.")
+@engine_options
 @click.option(
     "--prompts",
     "prompts_file",
-    type=click.Path(path_type=Path),
+    type=PathType,
     default=None,
     help='JSON lines {"name", "prompt", "chat", "kind"} [default: 8 built-in prompts].',
 )
@@ -244,45 +198,23 @@ def _compare_with_target_only(engine, text, options, chat, system, spec) -> None
     "-k",
     "--num-draft-tokens",
     "ks",
-    default="2,4",
+    default="auto,2,4",
     show_default=True,
-    help="Comma-separated k values to compare with target-only decoding.",
+    help="Comma-separated k values ('auto' or integers) to compare with target-only decoding.",
 )
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Timed runs per configuration.")
-@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed runs first.")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Short untimed runs first.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0: greedy (checks equality).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write results as JSON.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--threads", type=int, default=0, show_default=True, help="Target intra-op threads (0: auto).")
-@click.option("--draft-threads", type=int, default=None, help="Draft intra-op threads [default: --threads].")
-def bench(
-    target,
-    draft,
-    prompts_file,
-    ks,
-    max_new_tokens,
-    repeats,
-    warmup,
-    temperature,
-    seed,
-    json_out,
-    device,
-    threads,
-    draft_threads,
-):
+@click.option("--json", "json_out", type=PathType, default=None, help="Write results as JSON.")
+def bench(prompts_file, ks, max_new_tokens, repeats, warmup, temperature, seed, json_out, **kw):
     """Benchmark target-only against speculative decoding on the same prompts."""
-    from .api import load
     from .bench import DEFAULT_PROMPTS, load_prompts, run_bench
-    from .errors import OptionsError
 
-    try:
-        k_values = [int(k) for k in ks.split(",") if k.strip()]
-    except ValueError:
-        raise OptionsError(f"--num-draft-tokens {ks!r}: expected comma-separated integers such as 2,4") from None
+    k_values = [DraftCount().convert(k.strip(), None, None) for k in ks.split(",") if k.strip()]
     prompts = load_prompts(prompts_file) if prompts_file else list(DEFAULT_PROMPTS)
-    engine = load(target, draft, threads=threads, draft_threads=draft_threads, device=device)
+    engine = _load(kw)
     result = run_bench(
         engine,
         prompts,
@@ -301,7 +233,42 @@ def bench(
 
 
 @cli.command()
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundle", type=PathType)
+@click.option("--threads", type=int, default=0, show_default=True, help="Intra-op threads (0: auto).")
+@click.option(
+    "--spinning/--no-spinning",
+    default=False,
+    show_default=True,
+    help="Thread spinning (off matches a target or draft running beside the other model).",
+)
+@click.option("--reps", type=int, default=3, show_default=True, help="Timed runs per point (median).")
+def profile(bundle, threads, spinning, reps):
+    """Measure step time for 1..16 new tokens at several context lengths; store it in the bundle."""
+    _profile_bundle(bundle, lambda line: click.echo(line, err=True), threads, spinning, reps)
+
+
+def _profile_bundle(bundle: Path, log, threads: int = 0, spinning: bool = False, reps: int = 3) -> None:
+    from .bundle import open_bundle
+    from .profile import measure
+    from .session import ModelSession, SessionOptions
+
+    log(f"profiling {bundle} (step time for 1..16 new tokens at several context lengths) ...")
+    session = ModelSession(open_bundle(bundle), SessionOptions(intra_op_threads=threads, allow_spinning=spinning))
+    prof = measure(session, reps=reps)
+    where = prof.save(bundle)
+    click.echo(f"cost profile ({prof.settings}), ms per forward; columns: new tokens S")
+    click.echo("context " + "".join(f"{w:>8}" for w in prof.widths))
+    for c, row in zip(prof.contexts, prof.ms, strict=True):
+        click.echo(f"{c:>7} " + "".join(f"{v:8.1f}" for v in row))
+    click.echo(
+        f"t(S)/t(1) at context {prof.contexts[0]}: "
+        + " ".join(f"{w}:{prof.ratio(w, prof.contexts[0]):.2f}" for w in (2, 3, 5, 9, 16) if w in prof.widths)
+    )
+    click.echo(f"saved to {where}" if where else "bundle folder is read-only: profile not saved")
+
+
+@cli.command()
+@click.argument("bundle", type=PathType)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
 def inspect(bundle, as_json):
     """Show a bundle's manifest in readable form."""
@@ -344,6 +311,8 @@ def _describe(path: Path, m) -> str:
         )
         for s in v.steps:
             lines.append(f"  {s.name:<16} max |diff| {s.max_abs_diff:.3g}  top-1 {s.top1_agreement:.2f}")
+    profiles = sorted((Path(path) / "profiles").glob("*.json")) if (Path(path) / "profiles").is_dir() else []
+    lines.append(f"cost profiles {len(profiles)} ({', '.join(p.stem for p in profiles) or 'none: run specrt profile'})")
     return "\n".join(lines)
 
 

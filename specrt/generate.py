@@ -18,7 +18,7 @@ from .tokenizer import Tokenizer
 
 
 def decode(spec: Speculator, prompt_ids: list[int], eos_ids: set[int], stats: Stats) -> Iterator[list[int]]:
-    options, target, draft = spec.options, spec.target, spec.draft
+    options, target, draft = spec.options, spec.target, spec.draft_session
     max_len = target.max_len
     if not prompt_ids:
         raise PromptError("the prompt is empty; give at least one token of text")
@@ -29,11 +29,12 @@ def decode(spec: Speculator, prompt_ids: list[int], eos_ids: set[int], stats: St
             "--max-seq-len"
         )
     tokens = list(prompt_ids)
+    sessions = [s for s in (target, draft) if s is not None]
     # Reuse whatever each cache already holds of this prompt; at least one token must still be fed.
-    for session in (target, draft):
-        if session is not None:
-            session.kv.truncate(min(session.kv.common_prefix(tokens), len(tokens) - 1))
+    for session in sessions:
+        session.kv.truncate(min(session.kv.common_prefix(tokens), len(tokens) - 1))
     stats.prompt_tokens = len(tokens)
+    busy_before = sum(s.busy_s for s in sessions)
     start = time.perf_counter()
     try:
         new = [spec.prefill(tokens)]
@@ -48,12 +49,12 @@ def decode(spec: Speculator, prompt_ids: list[int], eos_ids: set[int], stats: St
             if reason is not None:
                 stats.finish_reason = reason
                 return
-            k = _draft_budget(spec, len(tokens), options.max_new_tokens - stats.new_tokens)
-            new, drafted = spec.step(tokens, k)
+            new, drafted = spec.step(tokens, options.max_new_tokens - stats.new_tokens)
             stats.rounds += 1
             stats.drafted += drafted
             stats.accepted += len(new) - 1
             stats.k_histogram[drafted] += 1
+            stats.rounds_by_drafter[f"{spec.last_drafter or 'none'}/{drafted}"] += 1
     finally:
         # A round cut short (EOS, max_new_tokens, an early close) may leave positions past the kept
         # tokens in the caches; drop them so every cache holds a prefix of `tokens`.
@@ -62,19 +63,7 @@ def decode(spec: Speculator, prompt_ids: list[int], eos_ids: set[int], stats: St
             draft.kv.truncate(len(tokens))
         stats.total_s = time.perf_counter() - start
         stats.draft_s, stats.target_s = spec.times.draft_s, spec.times.target_s
-
-
-def _draft_budget(spec: Speculator, length: int, remaining: int) -> int:
-    """The k for this round: the requested k, cut so that no buffer overflows and no token is wasted."""
-    if spec.draft is None:
-        return 0
-    k = min(
-        spec.options.num_draft_tokens,
-        remaining - 1,  # a round yields up to k + 1 tokens
-        spec.target.max_len - length - 1,  # the sequence, and the target's k + 1 fed positions, must fit
-        spec.draft.max_len - length + 1,  # the draft holds everything but its last proposal
-    )
-    return max(k, 0)
+        stats.runtime_s = sum(s.busy_s for s in sessions) - busy_before
 
 
 def _clip(new: list[int], done: int, options: GenerationOptions, eos_ids: set[int]) -> tuple[list[int], str | None]:

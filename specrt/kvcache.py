@@ -27,13 +27,16 @@ class KVCache:
 
         shape = [1, num_kv_heads, max_len, head_dim]
         self.max_len = max_len
-        self.layers = [
-            (
-                ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, device, device_id),
-                ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, device, device_id),
-            )
-            for _ in range(num_layers)
-        ]
+        if device == "cpu":
+            # Zeroed host arrays wrapped without a copy (kept alive here): no uninitialised memory, ever.
+            self._host = [np.zeros(shape, dtype) for _ in range(2 * num_layers)]
+            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._host]
+        else:
+            values = [
+                ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, device, device_id)
+                for _ in range(2 * num_layers)
+            ]
+        self.layers = list(zip(values[0::2], values[1::2], strict=True))
         self.ids: list[int] = []  # the tokens whose keys/values occupy slots [0, length)
         self.nbytes = 2 * num_layers * int(np.prod(shape)) * np.dtype(dtype).itemsize
 

@@ -14,7 +14,8 @@ class GenerationOptions:
     top_k: int = 0  # 0: no top-k
     top_p: float = 1.0  # 1: no top-p
     seed: int | None = None
-    num_draft_tokens: int = 4  # k; 0 turns speculation off (target-only decoding)
+    num_draft_tokens: int | None = None  # k; None: chosen each round by the cost model; 0: target-only
+    max_draft_tokens: int = 8  # the largest k the cost model may choose
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
 
@@ -31,9 +32,10 @@ class GenerationOptions:
             ("seed", self.seed is None or _is_int(self.seed) and self.seed >= 0, "an integer >= 0"),
             (
                 "num_draft_tokens",
-                _is_int(self.num_draft_tokens) and 0 <= self.num_draft_tokens <= 64,
-                "an integer in 0..64 (0 turns speculation off)",
+                self.num_draft_tokens is None or _is_int(self.num_draft_tokens) and 0 <= self.num_draft_tokens <= 64,
+                "'auto' (None) or an integer in 0..64 (0 turns speculation off)",
             ),
+            ("max_draft_tokens", _is_int(self.max_draft_tokens) and 1 <= self.max_draft_tokens <= 64, "in 1..64"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
         ]
         for name, ok, expected in checks:

@@ -8,6 +8,7 @@ updates them in place. This module knows nothing about sampling or speculation.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -99,6 +100,7 @@ class ModelSession:
             self._io.bind_ortvalue_output(present_k, key)
             self._io.bind_ortvalue_output(present_v, value)
         self._logits: dict[int, np.ndarray] = {}
+        self.busy_s = 0.0  # wall time spent inside ONNX Runtime runs (for overhead accounting)
 
     @property
     def max_len(self) -> int:
@@ -151,6 +153,8 @@ class ModelSession:
         io.bind_cpu_input(g.logits_to_keep, keep_arr)
         out = self._logits_buffer(keep)
         io.bind_output(g.logits, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        t0 = time.perf_counter()
         self.session.run_with_iobinding(io)
+        self.busy_s += time.perf_counter() - t0
         self.kv.advance(list(ids))
         return out[0]

@@ -1,12 +1,12 @@
-"""The speculative step: the draft proposes k tokens, the target verifies them in one pass, we accept.
+"""The speculative step: a drafter proposes k tokens, the target verifies them in one pass, we accept.
 
-This module is the maths of one round and nothing else; positions, stopping, streaming and statistics
-belong to the generate loop. With k = 0 (or no draft) a round is one plain target decoding step, so
-target-only decoding runs through exactly this code.
+This module is the maths of one round and the choice of its k; positions, stopping, streaming and
+statistics belong to the generate loop. With k = 0 (or no drafter) a round is one plain target decoding
+step, so target-only decoding runs through exactly this code.
 
 Invariant between rounds, for the sequence `tokens` (prompt + generated so far):
-  the target's KV cache holds tokens[:-1] (the last token is fed at the start of the next round), and the
-  draft's cache holds a prefix of `tokens` (it catches up on whatever it has not seen when it drafts).
+  the target's KV cache holds tokens[:-1] (the last token is fed at the start of the next round), and a
+  draft model's cache holds a prefix of `tokens` (it catches up on whatever it has not seen when it drafts).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .costmodel import CostModel
+from .drafters import ModelDrafter, NgramDrafter
 from .options import GenerationOptions
 from .sampling import acceptance_probability, residual, sample, warp
 from .session import ModelSession
@@ -28,57 +30,87 @@ class RoundTimes:
 
 
 class Speculator:
-    def __init__(self, target: ModelSession, draft: ModelSession | None, options: GenerationOptions):
-        self.target, self.draft, self.options = target, draft, options
+    def __init__(
+        self,
+        target: ModelSession,
+        drafters: list[ModelDrafter | NgramDrafter],
+        options: GenerationOptions,
+        costs: dict[str, CostModel] | None = None,
+    ):
+        # Cheapest first: n-gram lookup costs nothing, so it is tried before a draft model.
+        self.drafters = sorted(drafters, key=lambda d: d.name != "ngram")
+        self.target, self.options, self.costs = target, options, costs or {}
         self.rng = np.random.default_rng(options.seed)
         self.times = RoundTimes()
+        self.last_drafter: str | None = None
+
+    @property
+    def draft_session(self) -> ModelSession | None:
+        return next((d.session for d in self.drafters if isinstance(d, ModelDrafter)), None)
 
     def _probs(self, logits: np.ndarray) -> np.ndarray:
         o = self.options
         return warp(logits, o.temperature, o.top_k, o.top_p)
 
+    def _pick(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+        if self.options.greedy:
+            return int(logits.argmax()), None
+        probs = self._probs(logits[None])[0]
+        return sample(probs, self.rng), probs
+
     def prefill(self, tokens: list[int]) -> int:
         """Feed the uncached part of the prompt to the target and pick the first new token."""
         t0 = time.perf_counter()
-        logits = self.target.forward(tokens[self.target.kv.length :], keep=1)
-        first = int(logits[-1].argmax()) if self.options.greedy else sample(self._probs(logits)[-1], self.rng)
+        first, _ = self._pick(self.target.forward(tokens[self.target.kv.length :], keep=1)[-1])
         self.times.target_s += time.perf_counter() - t0
         return first
 
-    def step(self, tokens: list[int], k: int) -> tuple[list[int], int]:
-        """One round. Returns (new tokens: the accepted drafts plus one target token, number drafted)."""
+    def step(self, tokens: list[int], max_tokens: int) -> tuple[list[int], int]:
+        """One round yielding at most `max_tokens` tokens: (accepted drafts + one target token, drafted)."""
         t0 = time.perf_counter()
-        drafted, q = self._propose(tokens, k) if k > 0 else ([], [])
+        drafter, drafted, q = self._draft(tokens, max_tokens - 1)
+        k = len(drafted)
         t1 = time.perf_counter()
         # One target pass scores the last token and every draft: row i predicts the token after drafted[:i].
         logits = self.target.forward([tokens[-1], *drafted], keep=k + 1)
         n, nxt = self._verify_greedy(logits, drafted) if self.options.greedy else self._verify(logits, drafted, q)
-        # Rejected drafts leave both caches by moving their length counters; no buffer is touched.
+        # Rejected drafts leave the caches by moving their length counters; no buffer is touched.
         self.target.kv.rollback(k - n)
-        if self.draft is not None:
-            self.draft.kv.truncate(len(tokens) + n)
+        for d in self.drafters:
+            d.keep(len(tokens) + n)
         t2 = time.perf_counter()
         self.times.draft_s += t1 - t0
         self.times.target_s += t2 - t1
+        cost = self.costs.get(drafter.name) if drafter is not None else None
+        if cost is not None:
+            cost.observe(k, n, len(tokens), 1000 * (t1 - t0), 1000 * (t2 - t1))
+        elif self.costs:  # a plain step still tells how fast the target runs now (one shared StepCost)
+            next(iter(self.costs.values())).target.observe(1, len(tokens), 1000 * (t2 - t1))
+        self.last_drafter = drafter.name if drafter is not None and k else None
         return [*drafted[:n], nxt], k
 
-    def _propose(self, tokens: list[int], k: int) -> tuple[list[int], list[np.ndarray]]:
-        """Draft k tokens autoregressively; keep each one's draft distribution q for the acceptance test."""
-        assert self.draft is not None
-        drafted: list[int] = []
-        q: list[np.ndarray] = []
-        feed = tokens[self.draft.kv.length :]  # the last token, or more after a full acceptance
-        for _ in range(k):
-            logits = self.draft.forward(feed, keep=1)[-1]
-            if self.options.greedy:
-                token = int(logits.argmax())
-            else:
-                probs = self._probs(logits)
-                token = sample(probs, self.rng)
-                q.append(probs)
-            drafted.append(token)
-            feed = [token]
-        return drafted, q
+    def _draft(self, tokens: list[int], k_cap: int):
+        """Pick a drafter and k for this round (cheapest drafter that has something to offer)."""
+        fixed = self.options.num_draft_tokens
+        # The sequence, and the target's k + 1 fed positions, must fit its buffer.
+        k_cap = min(
+            k_cap, fixed if fixed is not None else self.options.max_draft_tokens, self.target.max_len - len(tokens) - 1
+        )
+        for drafter in self.drafters:
+            cap = min(k_cap, drafter.capacity(len(tokens)))
+            if cap <= 0:
+                continue
+            if isinstance(drafter, NgramDrafter):
+                found = drafter.lookup(tokens, cap)
+                if not found:
+                    continue
+                cap = len(found)
+            cost = self.costs.get(drafter.name)
+            k = cost.choose(cap, len(tokens)) if fixed is None and cost is not None else cap
+            if k > 0:
+                drafted, q = drafter.propose(tokens, k, self._pick)
+                return drafter, drafted, q
+        return None, [], []
 
     @staticmethod
     def _verify_greedy(logits: np.ndarray, drafted: list[int]) -> tuple[int, int]:
@@ -89,12 +121,20 @@ class Speculator:
                 return i, int(best[i])
         return len(drafted), int(best[len(drafted)])
 
-    def _verify(self, logits: np.ndarray, drafted: list[int], q: list[np.ndarray]) -> tuple[int, int]:
-        """Rejection sampling (Leviathan et al. 2023, Chen et al. 2023): the output is distributed as p."""
+    def _verify(self, logits: np.ndarray, drafted: list[int], q: list[np.ndarray | None]) -> tuple[int, int]:
+        """Rejection sampling (Leviathan et al. 2023, Chen et al. 2023): the output is distributed as p.
+        A deterministic proposal (q None) is one-hot: accepted with probability p(x)."""
         p = self._probs(logits)
         for i, token in enumerate(drafted):
-            if self.rng.random() < acceptance_probability(p[i, token], q[i][token]):
+            qi = q[i] if q[i] is not None else _one_hot(token, p.shape[-1])
+            if self.rng.random() < acceptance_probability(p[i, token], qi[token]):
                 continue
-            return i, sample(residual(p[i], q[i]), self.rng)
+            return i, sample(residual(p[i], qi), self.rng)
         # Every draft accepted: the bonus token comes from the target's distribution after the last draft.
         return len(drafted), sample(p[len(drafted)], self.rng)
+
+
+def _one_hot(token: int, size: int) -> np.ndarray:
+    v = np.zeros(size)
+    v[token] = 1.0
+    return v

@@ -17,7 +17,9 @@ class Stats:
     draft_s: float = 0.0
     target_s: float = 0.0
     total_s: float = 0.0
+    runtime_s: float = 0.0  # inside ONNX Runtime; the rest of total_s is Python (sampling, bookkeeping)
     k_histogram: Counter = field(default_factory=Counter)
+    rounds_by_drafter: Counter = field(default_factory=Counter)  # "model/4", "ngram/3", "none/0" -> rounds
     finish_reason: str | None = None
 
     @property
@@ -28,6 +30,11 @@ class Stats:
     def tokens_per_target_pass(self) -> float:
         """Mean tokens gained per verify pass: accepted drafts + the target's own token."""
         return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def overhead_ms_per_round(self) -> float:
+        """Wall time outside ONNX Runtime per target pass (prefill included as one pass)."""
+        return 1000 * max(self.total_s - self.runtime_s, 0.0) / (self.rounds + 1)
 
     @property
     def decode_s(self) -> float:
@@ -53,7 +60,10 @@ class Stats:
             "draft_s": round(self.draft_s, 4),
             "target_s": round(self.target_s, 4),
             "total_s": round(self.total_s, 4),
+            "runtime_s": round(self.runtime_s, 4),
+            "overhead_ms_per_round": round(self.overhead_ms_per_round, 3),
             "k_histogram": {str(k): v for k, v in sorted(self.k_histogram.items())},
+            "rounds_by_drafter": dict(self.rounds_by_drafter),
         }
 
     def summary(self) -> str:
@@ -62,5 +72,8 @@ class Stats:
             f"{self.prefill_s * 1000:.0f} ms prefill of {self.prompt_tokens}), finish: {self.finish_reason}\n"
             f"target passes {self.rounds}, drafted {self.drafted}, accepted {self.accepted} "
             f"({100 * self.acceptance_rate:.1f}%), {self.tokens_per_target_pass:.2f} tokens/pass, "
-            f"time draft {self.draft_s:.2f} s / target {self.target_s:.2f} s"
+            f"time draft {self.draft_s:.2f} s / target {self.target_s:.2f} s, "
+            f"outside ONNX Runtime {self.overhead_ms_per_round:.2f} ms per round\n"
+            f"k per round: {', '.join(f'{k}: {n}' for k, n in sorted(self.k_histogram.items()))}"
+            + (f"; by drafter: {dict(self.rounds_by_drafter)}" if len(self.rounds_by_drafter) > 1 else "")
         )

@@ -139,6 +139,43 @@ def test_broken_acceptance_rule_is_caught(engine, monkeypatch, mutation):
     assert failed(report), f"the distribution check did not notice '{mutation}': {report}"
 
 
+@pytest.fixture(scope="module")
+def lookup_engines(zoo, engine):
+    from specrt.costmodel import CostModel, StepCost
+    from specrt.profile import CostProfile
+
+    target, draft = engine.target.bundle.path, engine.draft.bundle.path
+    auto = specrt.load(target, draft)
+    # The toy draft costs as much as the toy target, so measured costs would (rightly) turn speculation
+    # off; pretend drafting is cheap so that auto k really varies k from round to round.
+    flat = CostProfile({}, "", [1], [1, 2, 3], [[10.0, 10.5, 11.0]])
+    cheap = CostProfile({}, "", [1], [1, 2], [[1.0, 1.0]])
+    auto._costs = {"model": CostModel(StepCost(flat, decay=1.0), StepCost(cheap, decay=1.0))}  # frozen
+    return {
+        "auto k": auto,
+        "ngram": specrt.load(target, ngram=True),
+        "ngram+model": specrt.load(target, draft, ngram=True),
+    }
+
+
+@pytest.mark.parametrize("variant", ["auto k", "ngram", "ngram+model"])
+def test_other_drafting_modes_match_target(engine, lookup_engines, variant):
+    """Auto k (the cost model varies k per round), n-gram proposals (one-hot q), and both combined."""
+    k = None if variant == "auto k" else 2
+    e = lookup_engines[variant]
+    options = GenerationOptions(
+        max_new_tokens=NEW, num_draft_tokens=k, max_draft_tokens=2, ignore_eos=True, temperature=1.0
+    )
+    report = distance_report(exact_distribution(e, options), sample_counts(e, options, 15_000))
+    assert not failed(report), report
+    gen = e.complete(
+        PROMPT * 3, GenerationOptions(max_new_tokens=300, num_draft_tokens=k, ignore_eos=True, temperature=1.0, seed=1)
+    )
+    assert gen.stats.drafted > 0, gen.stats  # proposals were really made and tested
+    if variant == "auto k":
+        assert len([k for k in gen.stats.k_histogram if k > 0]) >= 2  # k really varied
+
+
 def test_target_only_sampling_matches_target(engine):
     """The k = 0 path (plain sampling) is held to the same check."""
     options = GenerationOptions(max_new_tokens=NEW, num_draft_tokens=0, ignore_eos=True, temperature=1.0)

@@ -31,7 +31,7 @@ PROMPTS = [
     "# comment\n",
     "1 + 1 = ",
 ]
-K_VALUES = [1, 2, 4, 8]
+K_VALUES = [1, 2, 4, 8, None]  # None: auto, the cost model picks k each round
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,8 @@ def engines(zoo):
         "self": specrt.load(target, target),
         "noisy": specrt.load(target, zoo.noisy_draft()),
         "small": specrt.load(target, zoo.small_draft()),
+        "ngram": specrt.load(target, ngram=True),
+        "ngram+noisy": specrt.load(target, zoo.noisy_draft(), ngram=True),
     }
 
 
@@ -56,8 +58,8 @@ def test_enough_prompts():
     assert len(PROMPTS) >= 20
 
 
-@pytest.mark.parametrize("draft", ["self", "noisy", "small"])
-@pytest.mark.parametrize("k", K_VALUES)
+@pytest.mark.parametrize("draft", ["self", "noisy", "small", "ngram", "ngram+noisy"])
+@pytest.mark.parametrize("k", K_VALUES, ids=lambda k: "auto" if k is None else f"k{k}")
 def test_speculative_equals_target_only(engines, reference, draft, k):
     engine = engines[draft]
     options = GenerationOptions(max_new_tokens=40, num_draft_tokens=k, ignore_eos=True)
@@ -68,10 +70,11 @@ def test_speculative_equals_target_only(engines, reference, draft, k):
         assert gen.stats.new_tokens == 40 and gen.finish_reason == "max_new_tokens"
         drafted += gen.stats.drafted
         accepted += gen.stats.accepted
-    assert drafted > 0
+    if k is not None:  # auto may rightly decide that a draft does not pay on these toy timings
+        assert drafted > 0
     if draft == "self":
         assert accepted == drafted  # a draft identical to the target is always right
-    elif draft == "noisy":
+    elif draft == "noisy" and k is not None:
         assert 0 < accepted < drafted  # the interesting case: partial acceptances and rollbacks
 
 

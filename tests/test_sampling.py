@@ -85,3 +85,11 @@ def test_greedy_verification_rule():
     assert Speculator._verify_greedy(logits, [2, 4, 1]) == (1, 5)  # stop at the first disagreement
     assert Speculator._verify_greedy(logits, [3, 5, 1]) == (0, 2)
     assert Speculator._verify_greedy(logits[:1], []) == (0, 2)  # k = 0: a plain decoding step
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.999])
+def test_top_p_on_a_large_vocabulary_matches_transformers(top_p):
+    """Large vocabularies take the partition path (candidate set widened until it holds top_p)."""
+    logits = np.random.default_rng(1).normal(0, 2, size=(3, 20_000))
+    expected = torch.softmax(TopPLogitsWarper(top_p)(None, torch.tensor(logits)), -1).numpy()
+    np.testing.assert_allclose(warp(logits, 1.0, 0, top_p), expected, atol=1e-12)

@@ -45,6 +45,8 @@ def test_generate_runs_without_torch(zoo):
         "24",
         "--json",
         "--ignore-eos",
+        "-k",
+        "4",
     ]
     r = _run(f"from specrt.cli import main\nmain({args!r})")
     assert r.returncode == 0, r.stderr

@@ -34,7 +34,7 @@ def test_kvcache_rollback_is_bookkeeping_only():
 
 def test_options_defaults_and_normalisation():
     o = GenerationOptions(stop="END")
-    assert o.stop == ("END",) and o.greedy and o.num_draft_tokens == 4
+    assert o.stop == ("END",) and o.greedy and o.num_draft_tokens is None and o.max_draft_tokens == 8
     assert not GenerationOptions(temperature=0.5).greedy
     with pytest.raises(OptionsError, match="top_p must be in"):
         GenerationOptions(top_p=float("nan"))

@@ -1,0 +1,78 @@
+"""Where draft tokens come from: a draft model, or prompt lookup (n-gram) over the sequence so far.
+
+A drafter proposes up to k tokens after `tokens` and, for each, the distribution q it was drawn from
+(None for a deterministic proposal, which the acceptance test treats as one-hot). The acceptance maths
+is the same for both, so both are lossless. Drafters know nothing about the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .session import ModelSession
+
+# pick(logits) -> (token, q): argmax and None when greedy; a sample and its warped distribution otherwise.
+Pick = Callable[[np.ndarray], tuple[int, np.ndarray | None]]
+
+
+class ModelDrafter:
+    """k autoregressive steps of a small model; its cache catches up on whatever it has not seen."""
+
+    name = "model"
+
+    def __init__(self, session: ModelSession):
+        self.session = session
+
+    def capacity(self, length: int) -> int:
+        # The draft holds everything but its last proposal: length + k - 1 <= max_len.
+        return self.session.max_len - length + 1
+
+    def propose(self, tokens: list[int], k: int, pick: Pick) -> tuple[list[int], list[np.ndarray | None]]:
+        drafted: list[int] = []
+        q: list[np.ndarray | None] = []
+        feed = tokens[self.session.kv.length :]  # the last token, or more after a full acceptance
+        for _ in range(k):
+            token, probs = pick(self.session.forward(feed, keep=1)[-1])
+            drafted.append(token)
+            q.append(probs)
+            feed = [token]
+        return drafted, q
+
+    def keep(self, length: int) -> None:
+        self.session.kv.truncate(length)
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens (longest n first)
+    and propose what followed it. Free to compute; strong when the output copies the input (edits, code)."""
+
+    name = "ngram"
+
+    def __init__(self, max_n: int = 4, min_n: int = 2):
+        self.max_n, self.min_n = max_n, min_n
+
+    def capacity(self, length: int) -> int:
+        return 1 << 30
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        seq = np.asarray(tokens, dtype=np.int64)
+        length = len(seq)
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            # Candidate starts i < length - n with seq[i:i+n] == suffix; vectorised over i.
+            hit = seq[: length - n] == seq[length - n]
+            for j in range(1, n):
+                hit &= seq[j : length - n + j] == seq[length - n + j]
+            starts = np.flatnonzero(hit)
+            if starts.size:
+                start = int(starts[-1]) + n  # the most recent match continues here
+                return seq[start : start + k].tolist()
+        return []
+
+    def propose(self, tokens: list[int], k: int, pick: Pick) -> tuple[list[int], list[np.ndarray | None]]:
+        drafted = self.lookup(tokens, k)
+        return drafted, [None] * len(drafted)
+
+    def keep(self, length: int) -> None:
+        pass

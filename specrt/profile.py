@@ -1,0 +1,163 @@
+"""Verify-cost profiles: how long one forward of S new tokens takes, per bundle, machine and settings.
+
+The numbers belong to the machine, not the model: a profile is stored inside the bundle under
+`profiles/`, keyed by a signature of the CPU (or GPU), core count, ONNX Runtime version and device, plus
+the session settings (threads, spinning) it was measured with. `specrt profile BUNDLE` measures one; the
+exporter runs it at the end of an export; an engine without a profile for its machine measures a quick
+one the first time it needs it. Only timing lives here; choosing k from it is costmodel.py's job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .session import ModelSession, SessionOptions
+
+PROFILE_DIR = "profiles"
+WIDTHS = tuple(range(1, 17))
+CONTEXTS = (64, 512, 2048)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_signature(options: SessionOptions) -> dict:
+    import onnxruntime
+
+    return {
+        "cpu": _cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "onnxruntime": onnxruntime.__version__,
+        "device": options.device,
+    }
+
+
+def _key(signature: dict) -> str:
+    return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _settings(options: SessionOptions) -> str:
+    return f"t{options.intra_op_threads}-{'spin' if options.allow_spinning else 'nospin'}"
+
+
+@dataclass
+class CostProfile:
+    machine: dict
+    settings: str
+    contexts: list[int]
+    widths: list[int]
+    ms: list[list[float]]  # ms[context index][width index], medians
+    created: str = ""
+
+    def __call__(self, width: int, context: int) -> float:
+        """t(width) at `context` tokens: linear in context between measured points, flat outside; widths
+        past the measured range extrapolate from the last two points."""
+        rows = [self._at_width(r, width) for r in self.ms]
+        if context <= self.contexts[0]:
+            return rows[0]
+        for (c0, r0), (c1, r1) in zip(
+            zip(self.contexts, rows, strict=True), zip(self.contexts[1:], rows[1:], strict=True), strict=False
+        ):
+            if context <= c1:
+                return r0 + (r1 - r0) * (context - c0) / (c1 - c0)
+        return rows[-1]
+
+    def _at_width(self, row: list[float], width: int) -> float:
+        if width in self.widths:
+            return row[self.widths.index(width)]
+        if width < self.widths[0]:
+            return row[0]
+        w0, w1 = self.widths[-2:]
+        return row[-1] + (row[-1] - row[-2]) / (w1 - w0) * (width - w1)
+
+    def ratio(self, width: int, context: int) -> float:
+        return self(width, context) / self(1, context)
+
+    def path(self, bundle: Path) -> Path:
+        return bundle / PROFILE_DIR / f"{_key(self.machine)}-{self.settings}.json"
+
+    def save(self, bundle: Path) -> Path | None:
+        """Write into the bundle; a read-only bundle just keeps the profile in memory."""
+        path = self.path(bundle)
+        try:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(json.dumps(asdict(self), indent=1))
+        except OSError:
+            return None
+        return path
+
+
+def load_profile(bundle: Path, options: SessionOptions) -> CostProfile | None:
+    """The profile for this machine, preferring the same settings; None if the machine was never profiled."""
+    folder = bundle / PROFILE_DIR
+    machine = _key(machine_signature(options))
+    exact = folder / f"{machine}-{_settings(options)}.json"
+    candidates = [exact] + sorted(folder.glob(f"{machine}-*.json")) if folder.is_dir() else []
+    for path in candidates:
+        if path.is_file():
+            try:
+                return CostProfile(**json.loads(path.read_text()))
+            except (ValueError, TypeError):
+                continue
+    return None
+
+
+def measure(
+    session: ModelSession,
+    widths: tuple[int, ...] | list[int] = WIDTHS,
+    contexts: tuple[int, ...] | list[int] = CONTEXTS,
+    reps: int = 3,
+) -> CostProfile:
+    """Median time of one forward of S tokens after `context` cached positions, for every (context, S).
+
+    The cached positions are not computed: attention costs the same whatever the cached values are, so the
+    cache length is simply set (the buffers are zero-initialised), which makes a 2048-token context free.
+    """
+    contexts = sorted({min(c, session.max_len - max(widths)) for c in contexts if c < session.max_len})
+    ms = []
+    for context in contexts:
+        row = []
+        for width in widths:
+            times = []
+            for _ in range(reps + 1):  # the first run of each shape warms up
+                session.kv.reset()
+                session.kv.advance([0] * context)
+                t0 = time.perf_counter()
+                session.forward([0] * width, keep=width)
+                times.append(1000 * (time.perf_counter() - t0))
+            row.append(statistics.median(times[1:]))
+        ms.append(row)
+    session.kv.reset()
+    return CostProfile(
+        machine=machine_signature(session.options),
+        settings=_settings(session.options),
+        contexts=contexts,
+        widths=list(widths),
+        ms=ms,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def profile_for(session: ModelSession, max_width: int, context: int) -> CostProfile:
+    """The cached profile of this session's machine, or a quick one measured now (and cached)."""
+    found = load_profile(session.bundle.path, session.options)
+    if found is not None and max(found.widths) >= max_width:
+        return found
+    quick = measure(session, widths=list(range(1, max_width + 1)), contexts=[max(context, 1)], reps=2)
+    quick.save(session.bundle.path)
+    return quick

@@ -1,0 +1,120 @@
+"""Choosing k (cost model), prompt-lookup drafting, and cost profiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specrt.costmodel import AcceptanceEstimate, CostModel, StepCost
+from specrt.drafters import NgramDrafter
+from specrt.profile import CostProfile, load_profile, machine_signature, measure
+from specrt.session import ModelSession, SessionOptions
+
+
+def flat_profile(ms_per_width: dict[int, float]) -> CostProfile:
+    widths = sorted(ms_per_width)
+    return CostProfile(
+        machine={}, settings="t0-nospin", contexts=[64], widths=widths, ms=[[ms_per_width[w] for w in widths]]
+    )
+
+
+def model_with(target: dict[int, float], draft_ms: float | None, alpha: float) -> CostModel:
+    acceptance = AcceptanceEstimate(prior=alpha, prior_weight=1e9)  # pinned: no learning in these tests
+    draft = StepCost(flat_profile({1: draft_ms, 2: draft_ms})) if draft_ms is not None else None
+    return CostModel(StepCost(flat_profile(target)), draft, acceptance)
+
+
+def test_expected_tokens_matches_leviathan():
+    a = AcceptanceEstimate(prior=0.8, prior_weight=1e9)
+    for k in range(6):
+        assert a.expected_tokens(k) == pytest.approx((1 - 0.8 ** (k + 1)) / (1 - 0.8))
+
+
+def test_cheap_verify_and_high_acceptance_picks_a_large_k():
+    # fp32-like target: verify nearly flat in S; draft 10% of a target step.
+    target = {s: 200 * (1 + 0.02 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 20, alpha=0.9)
+    assert m.choose(8, 100) >= 5
+    assert m.tokens_per_ms(m.choose(8, 100), 100) > 2 * m.tokens_per_ms(0, 100)
+
+
+def test_expensive_verify_turns_speculation_off():
+    # int4-like target: a 5-token verify costs 2.5 steps; mediocre acceptance; a draft that is not cheap.
+    target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
+    assert model_with(target, 20, alpha=0.6).choose(8, 100) == 0
+    # ... while the same target with a near-perfect, free drafter (n-gram) still speculates.
+    assert model_with(target, None, alpha=0.97).choose(8, 100) > 0
+
+
+def test_choice_is_the_argmax_of_expected_rate():
+    target = {s: 100 + 15 * (s - 1) for s in range(1, 10)}
+    m = model_with(target, 10, alpha=0.75)
+    k = m.choose(8, 100)
+    rates = [m.acceptance.expected_tokens(j) / (j * 10 + target[j + 1]) for j in range(9)]
+    assert k == max(range(9), key=rates.__getitem__)
+
+
+def test_acceptance_learns_per_position():
+    a = AcceptanceEstimate(prior=0.5, prior_weight=1.0)
+    for _ in range(30):
+        a.update(drafted=4, accepted=4)
+    assert a.rate(0) > 0.95 and a.rate(3) > 0.95
+    for _ in range(30):
+        a.update(drafted=4, accepted=1)  # first accepted, second rejected; 3rd and 4th never tested
+    assert a.rate(0) > 0.9 and a.rate(1) < 0.1
+    assert a.rate(3) > 0.5  # untested positions keep their older evidence
+
+
+def test_step_cost_rescales_to_live_timings():
+    cost = StepCost(flat_profile({1: 100, 2: 120}))
+    for _ in range(40):
+        cost.observe(2, 64, 240.0)  # this process runs twice as slow as the profile
+    assert cost.ms(1, 64) == pytest.approx(200, rel=0.02)
+
+
+def test_ngram_lookup():
+    d = NgramDrafter(max_n=3, min_n=1)
+    seq = [5, 6, 7, 8, 9, 1, 2, 5, 6, 7]
+    assert d.lookup(seq, 4) == [8, 9, 1, 2]  # suffix 5 6 7 seen at 0, continues with 8 9 1 2
+    assert d.lookup(seq, 2) == [8, 9]
+    assert d.lookup([1, 2, 3, 4], 3) == []  # nothing repeats
+    assert d.lookup([1, 2, 1, 2, 1], 3) == [2, 1]  # the continuation stops at the end of the sequence
+    assert NgramDrafter(max_n=1, min_n=1).lookup([3, 1, 3, 2, 3], 2) == [2, 3]  # the latest match wins
+    assert NgramDrafter(max_n=2, min_n=2).lookup([4, 9, 4, 7, 4], 2) == []  # a 1-gram match is not enough
+
+
+def test_profile_round_trip_and_machine_key(zoo, tmp_path):
+    import shutil
+
+    bundle = shutil.copytree(zoo.target(), tmp_path / "b")
+    session = ModelSession(__import__("specrt").open_bundle(bundle), SessionOptions(allow_spinning=False))
+    prof = measure(session, widths=[1, 2, 4], contexts=[16, 64], reps=1)
+    assert prof.machine == machine_signature(session.options) and prof.settings == "t0-nospin"
+    assert len(prof.ms) == 2 and all(len(r) == 3 and min(r) > 0 for r in prof.ms)
+    path = prof.save(bundle)
+    assert path.parent.name == "profiles" and session.kv.length == 0
+    again = load_profile(bundle, SessionOptions(allow_spinning=False))
+    assert again == prof
+    # Other settings on the same machine fall back to this profile; another machine has none.
+    assert load_profile(bundle, SessionOptions(intra_op_threads=1)) == prof
+    data = json.loads(path.read_text())
+    data["machine"]["cpu"] = "some other cpu"
+    path.unlink()
+    (path.parent / "other-t0-nospin.json").write_text(json.dumps(data))
+    assert load_profile(bundle, SessionOptions(allow_spinning=False)) is None
+    # Interpolation in context and extrapolation in width.
+    assert prof(1, 16) == prof.ms[0][0] and prof(2, 64) == prof.ms[1][1]
+    assert min(prof.ms[0][1], prof.ms[1][1]) <= prof(2, 40) <= max(prof.ms[0][1], prof.ms[1][1])
+    assert prof(6, 16) == pytest.approx(prof.ms[0][2] + (prof.ms[0][2] - prof.ms[0][1]))
+
+
+def test_probes_now_and_then_while_speculation_does_not_pay():
+    target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 20, alpha=0.6)
+    m.acceptance.prior_weight = 2.0  # learnable again
+    picks = [m.choose(4, 100) for _ in range(8)]
+    assert picks[:7] == [0] * 7 and picks[7] > 0  # the 8th idle round drafts optimistically
+    m.observe(picks[7], 0, 100, 20.0 * picks[7], target[picks[7] + 1])  # the probe fails
+    picks = [m.choose(4, 100) for _ in range(16)]
+    assert picks[:15] == [0] * 15 and picks[15] > 0  # backed off to 16 rounds
