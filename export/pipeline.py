@@ -182,7 +182,7 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
         with progress.stage(f"building the graph ({arch.num_layers} layers, {quant.method})"):
             graph = build_graph(ckpt, spec, arch, max_seq_len, quant, out, progress)
         manifest = Manifest(
-            name=options.name or ckpt.path.name,
+            name=options.name or (ckpt.path.stem if ckpt.path.is_file() else ckpt.path.name),
             role=options.role,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             source=source,

@@ -60,7 +60,8 @@ class Checkpoint:
             raise ExportError(f"{self.path}: transformers cannot read the config: {first_line(e)}") from None
 
     def weights_sha256(self, progress: Progress) -> str:
-        """One hash over the weight files (each streamed), so the bundle names exactly what it came from."""
+        """The SHA-256 of the weight file, or for several files the SHA-256 of their "name:sha256" lines,
+        so the bundle names exactly what it came from."""
         files = self.weight_files
         total = sum(f.stat().st_size for f in files)
         outer = hashlib.sha256()
@@ -72,7 +73,7 @@ class Checkpoint:
                         inner.update(chunk)
                         bar.update(len(chunk))
                 outer.update(f"{f.name}:{inner.hexdigest()}\n".encode())
-        return outer.hexdigest()
+        return inner.hexdigest() if len(files) == 1 else outer.hexdigest()
 
     def save_tokenizer(self, out: Path) -> TokenizerSpec:
         """Write tokenizer.json (+ chat template) into the bundle, exactly as transformers builds them."""

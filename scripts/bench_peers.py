@@ -43,9 +43,10 @@ BUNDLES = {
 GENAI = {role: ROOT / "engines/genai" / f"{role}-int4" for role in ("target", "draft")}
 # specrt workers: name -> (target precision, drafters, k configurations; None = auto)
 SPECRT = {
-    "specrt-fp32": ("fp32", ["model"], [None, 2, 4, 6]),
+    "specrt-fp32": ("fp32", ["model"], [None, 3, 5]),
+    "specrt-fp32-ngram": ("fp32", ["ngram"], [None]),
     "specrt-int4": ("int4", ["model"], [None, 2, 4]),
-    "specrt-int4-ngram": ("int4", ["ngram"], [None, 4]),
+    "specrt-int4-ngram": ("int4", ["ngram"], [None]),
 }
 CONFIGS = ["transformers-fp32", "transformers-assisted", "genai-int4", *SPECRT]
 

@@ -10,32 +10,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _label(family: str, config: str) -> str:
+    if family == "transformers-fp32":
+        return "transformers fp32 target"
+    if family == "transformers-assisted":
+        return "transformers assisted (fp32 + fp32 draft)"
+    if family == "genai-int4":
+        return "genai int4 target" if config == "target-only" else f"genai int4 + int4 draft, {config}"
+    target = family.split("-")[1]  # specrt-<target>[-ngram]
+    drafter = "n-gram" if family.endswith("-ngram") else "int4 draft"
+    return f"specrt {target} target" if config == "target-only" else f"specrt {target} + {drafter}, {config}"
+
+
 def _rows(results: list[dict]) -> list[dict]:
-    """Flatten to one row per (configuration label, prompt)."""
-    names = {
-        "transformers-fp32": lambda r: "transformers fp32 target",
-        "transformers-assisted": lambda r: "transformers assisted (fp32 + fp32 draft)",
-        "genai-int4": lambda r: (
-            "genai int4 target" if r["config"] == "target-only" else f"genai int4 + int4 draft, {r['config']}"
-        ),
-        "specrt-fp32": lambda r: (
-            "specrt fp32 target" if r["config"] == "target-only" else f"specrt fp32 + int4 draft, {r['config']}"
-        ),
-        "specrt-int4": lambda r: (
-            "specrt int4 target" if r["config"] == "target-only" else f"specrt int4 + int4 draft, {r['config']}"
-        ),
-    }
+    """Flatten to one row per (configuration, prompt)."""
     out = []
     for res in results:
+        family = res["config"]
         for r in res.get("rows", []):
-            out.append(
-                {
-                    **r,
-                    "label": names[res["config"]](r),
-                    "family": res["config"],
-                    "peak_rss_gib": res.get("peak_rss_gib"),
-                }
-            )
+            if family.endswith("-ngram") and r["config"] == "target-only":
+                continue  # a second run of the same bundle's target-only row (its own speedups use it)
+            label = _label(family, r["config"])
+            out.append({**r, "label": label, "family": family, "peak_rss_gib": res.get("peak_rss_gib")})
     return out
 
 
@@ -120,18 +116,23 @@ def write_report(results: list[dict], prompts: list[dict], out: Path, command: s
         "",
         "specrt speculative rows (per prompt): speedup over the same bundle's target-only run, acceptance, "
         "tokens per target pass, c = t_draft(1)/t_target(1), verify cost v = t(k+1)/t(1), Leviathan's "
-        "predicted speedup E/(kc+v), efficiency = achieved/predicted, greedy equality with target-only:",
+        "predicted speedup E/(kc+v), efficiency = achieved/predicted (decode phase), time outside ONNX "
+        "Runtime per round as a share of one target step, k per round, greedy equality with target-only:",
         "",
     ]
-    md.append("| configuration | prompt | speedup | accept | tok/pass | c | v | predicted | efficiency | equal |")
-    md.append("|---" * 10 + "|")
+    md.append(
+        "| configuration | prompt | speedup | accept | tok/pass | c | v | predicted | efficiency | overhead | k "
+        "(rounds) | equal |"
+    )
+    md.append("|---" * 12 + "|")
     for r in rows:
         if r["family"].startswith("specrt") and r["config"] != "target-only":
             eq = "yes" if r["equal_to_target_only"] else f"no {r['divergence']}"
             md.append(
                 f"| {r['label']} | {r['prompt']} | {r['speedup']:.2f}x | {100 * r['acceptance_rate']:.0f}% | "
                 f"{r['tokens_per_pass']:.2f} | {r['c']:.3f} | {r['verify_cost']:.2f} | "
-                f"{r['predicted_speedup']:.2f}x | {r['efficiency']:.2f} | {eq} |"
+                f"{r['predicted_speedup']:.2f}x | {r['efficiency']:.2f} | {100 * r['overhead_vs_step']:.1f}% | "
+                f"{' '.join(f'{k}:{n}' for k, n in r['k_histogram'].items())} | {eq} |"
             )
     md += ["", "Equality of greedy outputs:", "", *equality_checks(rows, prompts), ""]
     md += ["Targets:", "", *targets(rows, names, kinds)]
@@ -158,7 +159,7 @@ def targets(rows: list[dict], names: list[str], kinds: dict[str, str]) -> list[s
         )
 
     lines = []
-    for family in ("specrt-fp32", "specrt-int4", "specrt-int4-ngram"):
+    for family in ("specrt-fp32", "specrt-fp32-ngram", "specrt-int4", "specrt-int4-ngram"):
         for config in sorted({r["config"] for r in rows if r["family"] == family} - {"target-only"}):
             lines.append(
                 f"- {family} {config}: speedup over its target-only per prompt: "

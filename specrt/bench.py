@@ -41,7 +41,7 @@ DEFAULT_PROMPTS = (
     Prompt("code-complete-class", "class LRUCache:\n    def __init__(self, capacity: int):\n"),
     Prompt(
         "code-edit",
-        "Rewrite this function with type hints and a docstring, keeping the logic the same:\n\n"
+        "Add type hints to this function. Reply with the updated code only, no explanation.\n\n"
         "def area(shape, a, b=None):\n    if shape == 'circle':\n        return 3.14159 * a * a\n"
         "    if shape == 'rect':\n        return a * b\n    if shape == 'square':\n        return a * a\n"
         "    raise ValueError(shape)\n",

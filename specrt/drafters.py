@@ -50,7 +50,7 @@ class NgramDrafter:
 
     name = "ngram"
 
-    def __init__(self, max_n: int = 4, min_n: int = 2):
+    def __init__(self, max_n: int = 3, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n
 
     def capacity(self, length: int) -> int:

@@ -127,22 +127,25 @@ def measure(
 
     The cached positions are not computed: attention costs the same whatever the cached values are, so the
     cache length is simply set (the buffers are zero-initialised), which makes a 2048-token context free.
+    Points are measured in interleaved rounds (a warm-up round first), so drift on a shared machine spreads
+    over all of them; then t(S) = min over S' >= S, since more new tokens never take less time and noise
+    on a busy machine only ever adds time.
     """
     contexts = sorted({min(c, session.max_len - max(widths)) for c in contexts if c < session.max_len})
-    ms = []
-    for context in contexts:
-        row = []
-        for width in widths:
-            times = []
-            for _ in range(reps + 1):  # the first run of each shape warms up
-                session.kv.reset()
-                session.kv.advance([0] * context)
-                t0 = time.perf_counter()
-                session.forward([0] * width, keep=width)
-                times.append(1000 * (time.perf_counter() - t0))
-            row.append(statistics.median(times[1:]))
-        ms.append(row)
+    times: dict[tuple[int, int], list[float]] = {(c, w): [] for c in contexts for w in widths}
+    for rnd in range(reps + 1):
+        for c, w in times if rnd % 2 else reversed(list(times)):
+            session.kv.reset()
+            session.kv.advance([0] * c)
+            t0 = time.perf_counter()
+            session.forward([0] * w, keep=w)
+            if rnd:
+                times[c, w].append(1000 * (time.perf_counter() - t0))
     session.kv.reset()
+    ms = []
+    for c in contexts:
+        row = [statistics.median(times[c, w]) for w in widths]
+        ms.append([min(row[i:]) for i in range(len(row))])
     return CostProfile(
         machine=machine_signature(session.options),
         settings=_settings(session.options),
