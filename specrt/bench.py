@@ -108,6 +108,7 @@ class Row:
     k_histogram: dict = field(default_factory=dict)
     overhead_ms_per_round: float = 0.0  # wall time outside ONNX Runtime per target pass
     overhead_vs_step: float = 0.0  # ... as a fraction of one target decode step
+    token_ids: list[int] = field(default_factory=list)  # the last repeat's output (greedy: all repeats')
 
 
 @dataclass
@@ -252,6 +253,7 @@ def run_bench(
                 s.tokens_per_target_pass,
                 decode_tokens_per_s=statistics.median(decode_speeds),
                 k_histogram={str(j): n for j, n in sorted(s.k_histogram.items())},
+                token_ids=list(gen.token_ids),
             )
             row.overhead_ms_per_round = s.overhead_ms_per_round
             row.overhead_vs_step = s.overhead_ms_per_round / steps["target"][1]
@@ -272,14 +274,16 @@ def _predict(row: Row, stats, steps: dict, base: Row) -> None:
     """Leviathan et al.'s speedup from measured quantities, round by round: E / mean(k c + v(k+1))."""
     t = steps["target"]
     c_model = steps["draft"][1] / t[1] if "draft" in steps else 0.0
-    rounds = sum(stats.rounds_by_drafter.values())
+    row.speedup = row.tokens_per_s / base.tokens_per_s
+    rounds = stats.rounds
+    if not rounds:  # one new token: prefill only, nothing to predict
+        return
     cost = verify = 0.0
     for key, n in stats.rounds_by_drafter.items():
         drafter, k = key.split("/")
         v = t.get(int(k) + 1, float("nan")) / t[1]
         cost += n * (int(k) * (c_model if drafter == "model" else 0.0) + v)
         verify += n * v
-    row.speedup = row.tokens_per_s / base.tokens_per_s
     row.c = c_model
     row.verify_cost = verify / rounds
     row.predicted_speedup = row.tokens_per_pass / (cost / rounds)

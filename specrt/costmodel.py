@@ -77,7 +77,6 @@ class CostModel:
     draft: StepCost | None  # None: free proposals (n-gram lookup)
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     probe_acceptance: float = 0.95
-    last_rates: dict[int, float] = field(default_factory=dict)  # for stats and tests
     _idle: int = 0  # rounds in a row without drafting
     _backoff: int = 8
     _probing: bool = False
@@ -87,13 +86,12 @@ class CostModel:
         if acceptance is None:
             expected = self.acceptance.expected_tokens(k)
         else:
-            expected = (1 - acceptance ** (k + 1)) / (1 - acceptance)
+            expected = sum(acceptance**i for i in range(k + 1))  # 1 + a + ... + a^k
         return expected / (draft + self.target.ms(k + 1, context))
 
     def choose(self, k_cap: int, context: int) -> int:
         """The k in 0..k_cap with the most expected tokens per millisecond (0: speculation does not pay)."""
         rates = {k: self.tokens_per_ms(k, context) for k in range(k_cap + 1)}
-        self.last_rates = rates
         k = max(rates, key=lambda j: (rates[j], -j))
         self._probing = False
         if k == 0 and k_cap > 0:
@@ -102,8 +100,8 @@ class CostModel:
                 optimistic = {j: self.tokens_per_ms(j, context, self.probe_acceptance) for j in range(k_cap + 1)}
                 k = max(optimistic, key=lambda j: (optimistic[j], -j))
                 self._probing, self._idle = k > 0, 0
-        else:
-            self._idle = 0
+        else:  # speculation pays on its own evidence: the next dry spell is probed soon again
+            self._idle, self._backoff = 0, 8
         return k
 
     def observe(self, k: int, accepted: int, context: int, draft_ms: float, target_ms: float) -> None:

@@ -131,7 +131,9 @@ def measure(
     over all of them; then t(S) = min over S' >= S, since more new tokens never take less time and noise
     on a busy machine only ever adds time.
     """
-    contexts = sorted({min(c, session.max_len - max(widths)) for c in contexts if c < session.max_len})
+    # Contexts beyond what the buffers hold are measured at the largest one that fits (never dropped: an
+    # empty profile would answer nothing).
+    contexts = sorted({max(0, min(c, session.max_len - max(widths))) for c in contexts})
     times: dict[tuple[int, int], list[float]] = {(c, w): [] for c in contexts for w in widths}
     for rnd in range(reps + 1):
         for c, w in times if rnd % 2 else reversed(list(times)):
