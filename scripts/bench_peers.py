@@ -1,15 +1,18 @@
 #!/usr/bin/env python
 """Side-by-side benchmark of specrt against the tools users would pick instead, in one run.
 
-    python scripts/bench_peers.py --out results/            # everything (about an hour on 2 cores)
+    python scripts/bench_peers.py --out results/            # everything (about 90 minutes on 2 cores)
     python scripts/bench_peers.py --only specrt-int4        # one configuration
 
-Configurations (same prompts, same prompt token ids, greedy, batch 1, N new tokens, EOS ignored):
+Configurations (same prompts, greedy, batch 1, N new tokens, EOS ignored; the peers are fed the token ids
+of specrt's tokenizer, which encodes exactly as transformers' GGUF tokenizer does):
   transformers-fp32        transformers PyTorch fp32 target alone
   transformers-assisted    transformers assisted generation, fp32 target + fp32 draft
   genai-int4               onnxruntime-genai int4 target alone, and with its int4 draft (k = 3, 5)
   specrt-fp32              specrt fp32 target alone, and with the int4 draft for each k
   specrt-int4              specrt int4 target alone, and with the int4 draft for each k
+  specrt-fp32-ngram        specrt fp32 target with prompt lookup (n-gram) drafting, auto k
+  specrt-int4-ngram        specrt int4 target with prompt lookup (n-gram) drafting, auto k
 Each configuration runs in its own process, so its peak RSS (os.wait4) is its own. Output in --out:
 results.json, results.md (the tables) and results.png (tokens/s per prompt).
 
@@ -289,6 +292,11 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per prompt for the fast configurations")
     parser.add_argument("--slow-repeats", type=int, default=1, help="timed runs per prompt for transformers")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite results.md/png from the measurements already in --out/results.json (no new runs)",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prompts-json", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--raw", type=Path, default=None, help=argparse.SUPPRESS)
@@ -308,6 +316,13 @@ def main() -> int:
         return 0
 
     from bench_report import write_report  # noqa: E402  (scripts/ sibling)
+
+    if args.report_only:  # same measurements, same command; only the analysis is recomputed
+        saved = json.loads((args.out / "results.json").read_text())
+        n = saved.get("max_new_tokens", args.max_new_tokens)
+        write_report(saved["results"], saved["prompts"], args.out, saved["command"], n)
+        print((args.out / "results.md").read_text())
+        return 0
 
     args.out.mkdir(parents=True, exist_ok=True)
     configs = args.only or CONFIGS

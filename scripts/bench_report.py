@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import platform
 import statistics
 from pathlib import Path
+
+from specrt.bench import divergence
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,24 +39,13 @@ def _rows(results: list[dict]) -> list[dict]:
     return out
 
 
-def _first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _margin(prompt_ids: list[int], prefix: list[int]) -> float:
-    """The fp32 target's top-2 logit margin after prompt + prefix (specrt's fp32 bundle, torch-free)."""
-    import numpy as np
-
+@functools.cache
+def _fp32_target():
+    """specrt's fp32 target session (torch-free), opened once: the reference for divergence margins."""
     import specrt
     from specrt.session import ModelSession
 
-    session = ModelSession(specrt.open_bundle(ROOT / "engines/qwen2.5-coder-1.5b-fp32"))
-    logits = session.forward(prompt_ids + prefix, keep=1)[-1]
-    top2 = np.sort(logits)[-2:]
-    return float(top2[1] - top2[0])
+    return ModelSession(specrt.open_bundle(ROOT / "engines/qwen2.5-coder-1.5b-fp32"))
 
 
 def equality_checks(rows: list[dict], prompts: list[dict]) -> list[str]:
@@ -64,21 +57,36 @@ def equality_checks(rows: list[dict], prompts: list[dict]) -> list[str]:
         ("specrt fp32 target", "transformers fp32 target"),
     ]
     pairs += [(r["label"], "genai int4 target") for r in rows if r["label"].startswith("genai int4 +")]
+    eos = set(_fp32_target().bundle.manifest.tokenizer.eos_token_ids)
     lines = []
     for a, b in dict.fromkeys(pairs):
         found = [p for p in ids if (a, p) in by and (b, p) in by]
         if not found:
             continue
-        bad = []
+        bad, cut_at_eos = [], []
         for p in found:
-            pos = _first_divergence(by[(a, p)]["token_ids"], by[(b, p)]["token_ids"])
-            if pos is not None:
+            mine, ref = by[(a, p)]["token_ids"], by[(b, p)]["token_ids"]
+            # Past an end-of-sequence token "EOS ignored" means different things: transformers and genai
+            # mask EOS logits (min_new_tokens / min_length), specrt keeps decoding after it. So outputs are
+            # compared up to the first EOS of either, and must agree up to there.
+            first = next((i for i, (x, y) in enumerate(zip(mine, ref, strict=False)) if x in eos or y in eos), None)
+            if first is not None:
+                same = mine[first] == ref[first]
+                if not same and mine[:first] == ref[:first]:
+                    cut_at_eos.append(f"{p} (token {first})")
+                mine, ref = mine[: first + same], ref[: first + same]
+            if mine != ref:
                 if "fp32" in b:
-                    margin = _margin(ids[p], by[(b, p)]["token_ids"][:pos])
-                    bad.append(f"{p} at token {pos} (fp32 target top-2 margin {margin:.3g})")
+                    d = divergence(_fp32_target(), ids[p], ref, mine)
+                    bad.append(f"{p} at token {d['position']} (fp32 target top-2 margin {d['top2_margin']:.3g})")
                 else:
+                    pos = next((i for i, (x, y) in enumerate(zip(mine, ref, strict=False)) if x != y), len(ref))
                     bad.append(f"{p} at token {pos}")
         verdict = "equal on all prompts" if not bad else "differs: " + "; ".join(bad)
+        if cut_at_eos:
+            verdict += "; compared up to the first EOS, where one emits it and the other masks it: " + ", ".join(
+                cut_at_eos
+            )
         lines.append(f"- {a} vs {b}: {len(found) - len(bad)}/{len(found)} equal. {verdict}")
     return lines
 
@@ -89,12 +97,14 @@ def write_report(results: list[dict], prompts: list[dict], out: Path, command: s
     kinds = {p["name"]: p["kind"] for p in prompts}
     labels = list(dict.fromkeys(r["label"] for r in rows))
     by = {(r["label"], r["prompt"]): r for r in rows}
-    (out / "results.json").write_text(json.dumps({"command": command, "results": results, "prompts": prompts}))
+    (out / "results.json").write_text(
+        json.dumps({"command": command, "max_new_tokens": n, "results": results, "prompts": prompts})
+    )
 
     md = [
         f"Command: `{command}`  ",
         f"Machine: {platform.processor() or platform.machine()}, "
-        f"{__import__('os').cpu_count()} cores; {n} new tokens per prompt, greedy, batch 1, EOS ignored.",
+        f"{os.cpu_count()} cores; {n} new tokens per prompt, greedy, batch 1, EOS ignored.",
         "",
     ]
     md.append("Tokens/s (end to end, prefill included; median of repeats):")
@@ -135,12 +145,12 @@ def write_report(results: list[dict], prompts: list[dict], out: Path, command: s
                 f"{' '.join(f'{k}:{n}' for k, n in r['k_histogram'].items())} | {eq} |"
             )
     md += ["", "Equality of greedy outputs:", "", *equality_checks(rows, prompts), ""]
-    md += ["Targets:", "", *targets(rows, names, kinds)]
+    md += ["Targets:", "", *targets(rows, names)]
     (out / "results.md").write_text("\n".join(md) + "\n")
-    chart(rows, labels, names, kinds, out / "results.png")
+    chart(rows, labels, kinds, out / "results.png")
 
 
-def targets(rows: list[dict], names: list[str], kinds: dict[str, str]) -> list[str]:
+def targets(rows: list[dict], names: list[str]) -> list[str]:
     """The figures the issues set targets for, computed from this run."""
     by = {(r["family"], r["config"], r["prompt"]): r for r in rows}
 
@@ -190,7 +200,7 @@ def targets(rows: list[dict], names: list[str], kinds: dict[str, str]) -> list[s
     return lines
 
 
-def chart(rows: list[dict], labels: list[str], names: list[str], kinds: dict[str, str], path: Path) -> None:
+def chart(rows: list[dict], labels: list[str], kinds: dict[str, str], path: Path) -> None:
     try:
         import matplotlib
 
@@ -211,6 +221,6 @@ def chart(rows: list[dict], labels: list[str], names: list[str], kinds: dict[str
     ax.invert_yaxis()
     ax.set_xlabel("tokens/s (median over prompts of the kind)")
     ax.legend()
-    ax.set_title("Qwen2.5-Coder 1.5B target, 0.5B draft, 2-core CPU")
+    ax.set_title(f"Qwen2.5-Coder 1.5B target, 0.5B draft, {os.cpu_count()}-core CPU")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

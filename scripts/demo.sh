@@ -35,9 +35,9 @@ export_once engines/qwen2.5-coder-0.5b-int4 --model "$DRAFT_GGUF" --role draft -
 export_once engines/qwen2.5-coder-1.5b-fp32 --model "$TARGET_GGUF" --role target
 export_once engines/qwen2.5-coder-1.5b-int4 --model "$TARGET_GGUF" --role target --quant int4
 
-step "4/4 generate: speculative (int4 draft, k=4) against target-only, greedy, 128 tokens"
+step "4/4 generate: speculative (int4 draft, k chosen each round) against target-only, greedy, 128 tokens"
 for target in fp32 int4; do
     printf '\n-- target %s\n' "$target"
     "$SPECRT" generate --target "engines/qwen2.5-coder-1.5b-$target" --draft engines/qwen2.5-coder-0.5b-int4 \
-        --prompt "$PROMPT" --max-new-tokens 128 --ignore-eos -k 4 --stats --compare
+        --prompt "$PROMPT" --max-new-tokens 128 --ignore-eos --stats --compare
 done

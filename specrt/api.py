@@ -46,7 +46,9 @@ class Engine:
         self.target = ModelSession(target_bundle, session_options)
         self.draft = ModelSession(draft_bundle, draft_session_options or session_options) if draft_bundle else None
         self.ngram = NgramDrafter() if ngram else None
-        # Learned across generations: acceptance per drafter and live step-cost scales.
+        # Learned across generations, deliberately (a service's prompts resemble each other): acceptance per
+        # drafter, live step-cost scales and the probing back-off. Built at the first auto-k generation;
+        # a later, larger max_draft_tokens reads widths past the profile by extrapolation.
         self._costs: dict[str, CostModel] = {}
 
     def _cost_models(self, options: GenerationOptions, context: int) -> dict[str, CostModel]:

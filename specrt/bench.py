@@ -178,10 +178,10 @@ def step_time_ms(session: ModelSession, context: list[int], widths: Sequence[int
     return out
 
 
-def divergence(engine: Engine, prompt_ids: list[int], a: list[int], b: list[int]) -> dict:
-    """First position where two greedy outputs differ, and the target's top-2 logit margin there."""
+def divergence(session: ModelSession, prompt_ids: list[int], a: list[int], b: list[int]) -> dict:
+    """First position where two greedy outputs differ, and the top-2 logit margin there of `session` (the
+    target) after prompt + the common prefix. Its cache is left empty."""
     pos = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    session = engine.target
     session.kv.reset()
     logits = session.forward(prompt_ids + a[:pos], keep=1)[-1]
     top2 = np.sort(logits)[-2:]
@@ -264,7 +264,7 @@ def run_bench(
                 if temperature == 0:
                     row.equal_to_target_only = gen.token_ids == base_ids
                     if not row.equal_to_target_only:
-                        row.divergence = divergence(engine, ids, base_ids, gen.token_ids)
+                        row.divergence = divergence(engine.target, ids, base_ids, gen.token_ids)
             result.rows.append(row)
             log(f"{prompt.name:<22} {row.config:<12} {row.tokens_per_s:7.2f} tok/s  {row.speedup:5.2f}x")
     return result

@@ -1,4 +1,4 @@
-"""Choosing k each round: expected tokens per second from acceptance estimates and measured step costs.
+"""Choosing k each round: expected tokens per millisecond from acceptance estimates and measured step costs.
 
 A round that drafts k tokens costs k draft steps plus one target pass over k + 1 positions and yields
 E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens, where a_i is the probability that the i-th draft is
@@ -63,14 +63,18 @@ class StepCost:
     def observe(self, width: int, context: int, ms: float) -> None:
         expected = self.profile(width, context)
         if expected > 0 and ms > 0:
-            self.scale = self.decay * self.scale + (1 - self.decay) * (ms / expected)
+            # One odd timing (a page fault, a neighbour's burst) moves the scale by at most 20%; a lasting
+            # change of speed still wins within a few rounds.
+            ratio = min(max(ms / expected, 0.5 * self.scale), 2.0 * self.scale)
+            self.scale = self.decay * self.scale + (1 - self.decay) * ratio
 
 
 @dataclass
 class CostModel:
     """k = argmax expected tokens/ms. While speculation does not pay, the acceptance estimate gets no new
     evidence, so now and then (after 8 such rounds, backing off to 256 while probes keep failing) one round
-    is drafted with an optimistic acceptance: a prompt that turns repetitive is noticed within a few rounds,
+    is drafted (at least one token) with an optimistic acceptance: a prompt that turns repetitive, or a draft
+    that is faster than believed, is noticed within a few rounds,
     and a prompt where drafting never pays spends well under 1% of its rounds on probes."""
 
     target: StepCost
@@ -98,17 +102,20 @@ class CostModel:
             self._idle += 1
             if self._idle >= self._backoff:
                 optimistic = {j: self.tokens_per_ms(j, context, self.probe_acceptance) for j in range(k_cap + 1)}
-                k = max(optimistic, key=lambda j: (optimistic[j], -j))
-                self._probing, self._idle = k > 0, 0
+                # At least one token: a probe also re-measures the draft's speed, so a cost that was
+                # misjudged (or has changed) cannot keep speculation off for good.
+                k = max(1, max(optimistic, key=lambda j: (optimistic[j], -j)))
+                self._probing, self._idle = True, 0
         else:  # speculation pays on its own evidence: the next dry spell is probed soon again
             self._idle, self._backoff = 0, 8
         return k
 
-    def observe(self, k: int, accepted: int, context: int, draft_ms: float, target_ms: float) -> None:
-        if k:
-            self.acceptance.update(k, accepted)
-            if self.draft is not None:
-                self.draft.observe(1, context, draft_ms / k)
-            if self._probing:
-                self._backoff = 8 if accepted == k else min(2 * self._backoff, 256)
+    def observe(self, k: int, accepted: int, context: int, draft_step_ms: float | None, target_ms: float) -> None:
+        """One drafting round (k > 0): its acceptance, the mean time of one draft step (None: not measured)
+        and the time of the target's (k + 1)-token pass."""
+        self.acceptance.update(k, accepted)
+        if self.draft is not None and draft_step_ms is not None:
+            self.draft.observe(1, context, draft_step_ms)
+        if self._probing:
+            self._backoff = 8 if accepted == k else min(2 * self._backoff, 256)
         self.target.observe(k + 1, context, target_ms)

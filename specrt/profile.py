@@ -1,10 +1,12 @@
 """Verify-cost profiles: how long one forward of S new tokens takes, per bundle, machine and settings.
 
 The numbers belong to the machine, not the model: a profile is stored inside the bundle under
-`profiles/`, keyed by a signature of the CPU (or GPU), core count, ONNX Runtime version and device, plus
-the session settings (threads, spinning) it was measured with. `specrt profile BUNDLE` measures one; the
-exporter runs it at the end of an export; an engine without a profile for its machine measures a quick
-one the first time it needs it. Only timing lives here; choosing k from it is costmodel.py's job.
+`profiles/`, keyed by a signature of the host CPU model, core count, ONNX Runtime version and device name
+(not yet the GPU model), plus the session settings (threads, spinning) it was measured with.
+`specrt profile BUNDLE` measures one, and `specrt export` runs it at the end of an export; an engine
+without a profile for its machine measures a quick one (one context, two repetitions) the first time it
+needs it and keeps it until a full one replaces it. Only timing lives here; choosing k from it is
+costmodel.py's job.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def measure(
     """Median time of one forward of S tokens after `context` cached positions, for every (context, S).
 
     The cached positions are not computed: attention costs the same whatever the cached values are, so the
-    cache length is simply set (the buffers are zero-initialised), which makes a 2048-token context free.
+    cache length is simply set, which makes a 2048-token context free to measure.
     Points are measured in interleaved rounds (a warm-up round first), so drift on a shared machine spreads
     over all of them; then t(S) = min over S' >= S, since more new tokens never take less time and noise
     on a busy machine only ever adds time.

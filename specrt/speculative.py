@@ -73,6 +73,7 @@ class Speculator:
         t1 = time.perf_counter()
         # One target pass scores the last token and every draft: row i predicts the token after drafted[:i].
         logits = self.target.forward([tokens[-1], *drafted], keep=k + 1)
+        forward_s = time.perf_counter() - t1
         n, nxt = self._verify_greedy(logits, drafted) if self.options.greedy else self._verify(logits, drafted, q)
         # Rejected drafts leave the caches by moving their length counters; no buffer is touched.
         self.target.kv.rollback(k - n)
@@ -81,12 +82,14 @@ class Speculator:
         t2 = time.perf_counter()
         self.times.draft_s += t1 - t0
         self.times.target_s += t2 - t1
+        # The cost model compares forwards with forwards: only the draft's per-token steps and the target
+        # pass are timed for it (choosing k, lookups, sampling and catch-ups are overhead, reported apart).
         cost = self.costs.get(drafter.name) if drafter is not None else None
         if cost is not None:
-            cost.observe(k, n, len(tokens), 1000 * (t1 - t0), 1000 * (t2 - t1))
+            cost.observe(k, n, len(tokens), getattr(drafter, "last_step_ms", None), 1000 * forward_s)
         elif self.costs:  # a plain step still tells how fast the target runs now (one shared StepCost)
-            next(iter(self.costs.values())).target.observe(1, len(tokens), 1000 * (t2 - t1))
-        self.last_drafter = drafter.name if drafter is not None and k else None
+            next(iter(self.costs.values())).target.observe(1, len(tokens), 1000 * forward_s)
+        self.last_drafter = drafter.name if drafter is not None else None
         return [*drafted[:n], nxt], k
 
     def _draft(self, tokens: list[int], k_cap: int):
@@ -98,17 +101,16 @@ class Speculator:
         )
         for drafter in self.drafters:
             cap = min(k_cap, drafter.capacity(len(tokens)))
+            found = None
+            if isinstance(drafter, NgramDrafter):  # free to look up first: its length caps k
+                found = drafter.lookup(tokens, cap)
+                cap = len(found)
             if cap <= 0:
                 continue
-            if isinstance(drafter, NgramDrafter):
-                found = drafter.lookup(tokens, cap)
-                if not found:
-                    continue
-                cap = len(found)
             cost = self.costs.get(drafter.name)
             k = cost.choose(cap, len(tokens)) if fixed is None and cost is not None else cap
             if k > 0:
-                drafted, q = drafter.propose(tokens, k, self._pick)
+                drafted, q = (found[:k], [None] * k) if found is not None else drafter.propose(tokens, k, self._pick)
                 return drafter, drafted, q
         return None, [], []
 
@@ -123,12 +125,12 @@ class Speculator:
 
     def _verify(self, logits: np.ndarray, drafted: list[int], q: list[np.ndarray | None]) -> tuple[int, int]:
         """Rejection sampling (Leviathan et al. 2023, Chen et al. 2023): the output is distributed as p.
-        A deterministic proposal (q None) is one-hot: accepted with probability p(x)."""
+        A deterministic proposal (q None) is one-hot: accepted with probability p(x) (q(x) = 1)."""
         p = self._probs(logits)
         for i, token in enumerate(drafted):
-            qi = q[i] if q[i] is not None else _one_hot(token, p.shape[-1])
-            if self.rng.random() < acceptance_probability(p[i, token], qi[token]):
+            if self.rng.random() < acceptance_probability(p[i, token], q[i][token] if q[i] is not None else 1.0):
                 continue
+            qi = q[i] if q[i] is not None else _one_hot(token, p.shape[-1])  # built only on a rejection
             return i, sample(residual(p[i], qi), self.rng)
         # Every draft accepted: the bonus token comes from the target's distribution after the last draft.
         return len(drafted), sample(p[len(drafted)], self.rng)

@@ -17,7 +17,8 @@ class Stats:
     draft_s: float = 0.0
     target_s: float = 0.0
     total_s: float = 0.0
-    runtime_s: float = 0.0  # inside ONNX Runtime; the rest of total_s is Python (sampling, bookkeeping)
+    runtime_s: float = 0.0  # inside ONNX Runtime; the rest of total_s is the loop's Python and the caller's
+    # own time between tokens (detokenising, stop strings, printing while streaming)
     k_histogram: Counter = field(default_factory=Counter)
     rounds_by_drafter: Counter = field(default_factory=Counter)  # "model/4", "ngram/3", "none/0" -> rounds
     finish_reason: str | None = None

@@ -115,6 +115,52 @@ def test_probes_now_and_then_while_speculation_does_not_pay():
     m.acceptance.prior_weight = 2.0  # learnable again
     picks = [m.choose(4, 100) for _ in range(8)]
     assert picks[:7] == [0] * 7 and picks[7] > 0  # the 8th idle round drafts optimistically
-    m.observe(picks[7], 0, 100, 20.0 * picks[7], target[picks[7] + 1])  # the probe fails
+    m.observe(picks[7], 0, 100, 20.0, target[picks[7] + 1])  # the probe fails
     picks = [m.choose(4, 100) for _ in range(16)]
     assert picks[:15] == [0] * 15 and picks[15] > 0  # backed off to 16 rounds
+
+
+def test_full_acceptance_and_backoff_reset():
+    target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 20, alpha=0.6)
+    # A certain acceptance is a valid probe assumption: E(k) = k + 1, no 0/0.
+    assert m.tokens_per_ms(3, 100, acceptance=1.0) == pytest.approx(4 / (3 * 20 + target[4]))
+    m.acceptance.prior_weight = 2.0
+    picks = [m.choose(4, 100) for _ in range(8)]
+    m.observe(picks[7], 0, 100, 20.0, target[picks[7] + 1])  # a failed probe doubles the wait
+    assert m._backoff == 16
+    m.acceptance = AcceptanceEstimate(prior=0.99, prior_weight=1e9)  # then speculation pays on its own
+    assert m.choose(4, 100) > 0 and m._backoff == 8  # ... so the next dry spell is probed soon again
+
+
+def test_profile_keeps_contexts_past_the_buffer(zoo):
+    session = ModelSession(__import__("specrt").open_bundle(zoo.target()), SessionOptions(allow_spinning=False))
+    prof = measure(session, widths=[1, 2], contexts=[10**6], reps=1)
+    assert prof.contexts == [session.max_len - 2] and len(prof.ms) == 1  # clamped, not dropped
+    assert prof(2, 10**6) > 0
+
+
+def test_a_misjudged_draft_cost_is_corrected_by_probes():
+    # int4-like target; the draft believed 4x slower than it is (as when a prompt catch-up was once timed
+    # as a draft step): speculation looks unprofitable, but probes re-measure the draft and turn it back on.
+    target = {s: 65 * (1 + 0.17 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 20, alpha=0.95)
+    m.draft.scale = 4.0
+    assert m.choose(4, 100) == 0
+    for _ in range(200):
+        k = m.choose(4, 100)
+        if k:
+            m.observe(k, k, 100, 20.0, target[k + 1])
+    assert m.draft.scale == pytest.approx(1.0, abs=0.05) and m.choose(4, 100) > 0
+
+
+def test_draft_step_time_leaves_out_catch_up(zoo):
+    from specrt.drafters import ModelDrafter
+
+    drafter = ModelDrafter(ModelSession(__import__("specrt").open_bundle(zoo.target())))
+    prompt = list(range(3, 40))
+    drafter.propose(prompt, 1, lambda logits: (int(logits.argmax()), None))
+    assert drafter.last_step_ms is None  # the only forward was the 37-token catch-up
+    drafter.keep(len(prompt))
+    drafter.propose(prompt + [5], 3, lambda logits: (int(logits.argmax()), None))
+    assert drafter.last_step_ms is not None and drafter.last_step_ms > 0

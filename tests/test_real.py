@@ -1,0 +1,80 @@
+"""Opt-in checks on the real Qwen2.5-Coder pair (pytest -m real): needs the GGUFs from
+scripts/fetch_models.py and the bundles from scripts/demo.sh; skipped when they are absent.
+About 4 minutes on 2 cores (most of it fp32 target-only decoding and loading the GGUF tokenizers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import specrt
+from specrt import GenerationOptions
+
+pytestmark = pytest.mark.real
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_GGUF = ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf"
+TARGET = ROOT / "engines/qwen2.5-coder-1.5b-fp32"
+TARGET_INT4 = ROOT / "engines/qwen2.5-coder-1.5b-int4"
+DRAFT = ROOT / "engines/qwen2.5-coder-0.5b-int4"
+PROMPTS = [
+    ("def merge_sort(items):\n", False),
+    ("Once upon a time, in a small village by the sea, there lived", False),
+    ("Write a Python function that checks whether a string is a palindrome.", True),
+    ("Explain what a hash table is.", True),
+]
+
+
+def need(*paths: Path) -> None:
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        pytest.skip(f"missing {', '.join(missing)}: run scripts/demo.sh first")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    need(TARGET, DRAFT)
+    return specrt.load(TARGET, DRAFT, ngram=True)
+
+
+@pytest.mark.parametrize("k", [4, None], ids=["k4", "auto"])
+def test_greedy_equality_on_the_real_pair(engine, k):
+    accepted = drafted = 0
+    for text, chat in PROMPTS:
+        base = engine.complete(text, GenerationOptions(max_new_tokens=48, num_draft_tokens=0), chat=chat)
+        spec = engine.complete(text, GenerationOptions(max_new_tokens=48, num_draft_tokens=k), chat=chat)
+        assert spec.token_ids == base.token_ids, text
+        accepted, drafted = accepted + spec.stats.accepted, drafted + spec.stats.drafted
+    assert drafted > 0 and accepted / drafted > 0.5  # a real, same-family draft agrees most of the time
+
+
+def test_real_tokenizer_encodes_like_transformers():
+    need(TARGET, TARGET_GGUF)
+    from transformers import AutoTokenizer
+
+    ours = specrt.open_bundle(TARGET).load_tokenizer()
+    theirs = AutoTokenizer.from_pretrained(TARGET_GGUF.parent, gguf_file=TARGET_GGUF.name)
+    strings = [text for text, _ in PROMPTS] + [
+        "  indented\n\ttabs and trailing spaces   ",
+        "Unicode: caf\u00e9, na\u00efve, \u65e5\u672c\u8a9e, \U0001f600",
+        "<|im_start|>system\nYou are Qwen.<|im_end|>\n",
+        "x = [i ** 2 for i in range(10) if i % 3 == 0]  # comprehension",
+    ]
+    for s in strings:
+        assert ours.encode(s) == theirs.encode(s), s
+
+
+def test_int4_target_divergences_are_near_ties():
+    """int4 (accuracy level 4) targets are not bit-stable between 1-token and (k+1)-token passes: any
+    greedy divergence must sit at a near-tie of the target, never at a clear choice."""
+    need(TARGET_INT4, DRAFT)
+    from specrt.bench import divergence
+
+    engine = specrt.load(TARGET_INT4, DRAFT)
+    for text, chat in PROMPTS:
+        ids = engine.encode(text, chat=chat)
+        base = engine.complete(ids, GenerationOptions(max_new_tokens=48, num_draft_tokens=0)).token_ids
+        spec = engine.complete(ids, GenerationOptions(max_new_tokens=48, num_draft_tokens=4)).token_ids
+        if spec != base:
+            assert divergence(engine.target, ids, base, spec)["top2_margin"] < 0.25, text
