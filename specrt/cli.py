@@ -119,10 +119,10 @@ def export(model, out, quiet, profile, **kw):
     out = out or Path("engines") / f"{model.name.removesuffix('.gguf')}-{options.quant_label}"
     progress = Progress(enabled=False if quiet else None)
     manifest = export_bundle(model, out, options, progress)
+    if profile:  # before the summary, so that it lists the profile
+        _profile_bundle(out, progress.log)
     click.echo(f"bundle written to {out}")
     click.echo(_describe(out, manifest))
-    if profile:
-        _profile_bundle(out, progress.log)
 
 
 @cli.command()
