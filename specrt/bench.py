@@ -178,6 +178,12 @@ def step_time_ms(session: ModelSession, context: list[int], widths: Sequence[int
     return out
 
 
+# A greedy divergence at a top-2 logit margin below this is a near-tie that quantized (MatMulNBits accuracy
+# level 4) targets round differently in 1-token and verify passes (measured: up to ~0.2 apart); above it,
+# speculative and target-only outputs must agree.
+NEAR_TIE = 0.25
+
+
 def divergence(session: ModelSession, prompt_ids: list[int], a: list[int], b: list[int]) -> dict:
     """First position where two greedy outputs differ, and the top-2 logit margin there of `session` (the
     target) after prompt + the common prefix. Its cache is left empty."""
