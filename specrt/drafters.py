@@ -59,6 +59,7 @@ class NgramDrafter:
     and propose what followed it. Free to compute; strong when the output copies the input (edits, code)."""
 
     name = "ngram"
+    last_step_ms = None  # proposals cost no forward
 
     def __init__(self, max_n: int = 3, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n

@@ -86,7 +86,7 @@ class Speculator:
         # pass are timed for it (choosing k, lookups, sampling and catch-ups are overhead, reported apart).
         cost = self.costs.get(drafter.name) if drafter is not None else None
         if cost is not None:
-            cost.observe(k, n, len(tokens), getattr(drafter, "last_step_ms", None), 1000 * forward_s)
+            cost.observe(k, n, len(tokens), drafter.last_step_ms, 1000 * forward_s)
         elif self.costs:  # a plain step still tells how fast the target runs now (one shared StepCost)
             next(iter(self.costs.values())).target.observe(1, len(tokens), 1000 * forward_s)
         self.last_drafter = drafter.name if drafter is not None else None
