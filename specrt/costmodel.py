@@ -106,7 +106,7 @@ class CostModel:
                 # misjudged (or has changed) cannot keep speculation off for good.
                 k = max(1, max(optimistic, key=lambda j: (optimistic[j], -j)))
                 self._probing, self._idle = True, 0
-        else:  # speculation pays on its own evidence: the next dry spell is probed soon again
+        elif k > 0:  # speculation pays on its own evidence: the next dry spell is probed soon again
             self._idle, self._backoff = 0, 8
         return k
 
