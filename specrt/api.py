@@ -21,7 +21,7 @@ from .drafters import ModelDrafter, NgramDrafter
 from .errors import PromptError
 from .generate import Generation
 from .options import GenerationOptions
-from .profile import profile_for
+from .profile import WIDTHS, profile_for
 from .session import ModelSession, SessionOptions
 from .speculative import Speculator
 
@@ -58,7 +58,9 @@ class Engine:
         if not self._costs:
             target = StepCost(profile_for(self.target, options.max_draft_tokens + 1, context))
             if self.draft is not None:
-                self._costs["model"] = CostModel(target, StepCost(profile_for(self.draft, 1, context)))
+                # Widths past 1 price the draft's catch-ups after rounds it sat out.
+                draft = StepCost(profile_for(self.draft, max(WIDTHS), context))
+                self._costs["model"] = CostModel(target, draft)
             if self.ngram is not None:
                 self._costs["ngram"] = CostModel(target, None)  # the same target StepCost: one live scale
         return self._costs

@@ -6,6 +6,16 @@ accepted given the ones before it were (with one constant a this is Leviathan et
 (1 - a^(k+1)) / (1 - a)). The model picks the k (0 included: plain decoding) that maximises
 E(k) / (k t_draft + t_target(k + 1)), with t_target from the bundle's measured cost profile, rescaled online
 by what the steps actually take in this process, and the a_i learned online with exponential forgetting.
+
+Two costs the per-round formula does not see are charged explicitly:
+- Plain steps and verify passes are rescaled separately. Drafting and verifying alternate two models on the
+  same cores, so a verify pass runs with caches the draft has just evicted; learning one scale from both
+  would make plain decoding look as slow as that and speculation win on paper.
+- A draft that sat out some rounds must first catch up on the tokens it missed (a small prefill). Starting
+  to draft again is worth that only if the time it saves over the tokens still to come exceeds it; near the
+  end of a generation, or when drafting barely pays, it is not.
+Speculation must also beat plain decoding by a margin (`min_gain`): a gain of 1% on paper is within the
+error of these estimates, and a wrong bet costs more than it wins.
 The module knows nothing about sessions; the speculator reports each round to it.
 """
 
@@ -51,22 +61,46 @@ class AcceptanceEstimate:
 
 @dataclass
 class StepCost:
-    """Milliseconds for a forward of S new tokens: a measured profile curve, rescaled by live timings."""
+    """Milliseconds for a forward of S new tokens: a measured profile curve, rescaled by live timings, with
+    one scale for 1-token steps and one for wider passes (see the module docstring). Until a kind has been
+    seen live, it borrows the other kind's scale."""
 
     profile: Callable[[int, int], float]  # (S, context length) -> ms, measured offline on this machine
     decay: float = 0.8
-    scale: float = 1.0  # live / profiled, smoothed
+    scale: float = 1.0  # live / profiled for S >= 2, smoothed
+    plain_scale: float = 1.0  # live / profiled for S = 1
+    _seen: set = field(default_factory=set)  # which kinds ("plain", "wide") have been observed
+
+    def _scale(self, width: int) -> float:
+        kind = "plain" if width == 1 else "wide"
+        if kind not in self._seen and self._seen:
+            kind = "wide" if kind == "plain" else "plain"
+        return self.plain_scale if kind == "plain" else self.scale
 
     def ms(self, width: int, context: int) -> float:
-        return self.profile(width, context) * self.scale
+        return self.profile(width, context) * self._scale(width)
+
+    def catch_up_ms(self, tokens: int, context: int) -> float:
+        """A forward over `tokens` new tokens at once (a catch-up); long ones in chunks of the widest
+        measured width, whose per-token price is the lowest the profile knows."""
+        chunk = min(tokens, 16)
+        return self.ms(chunk, context) * tokens / chunk if tokens > 0 else 0.0
 
     def observe(self, width: int, context: int, ms: float) -> None:
         expected = self.profile(width, context)
-        if expected > 0 and ms > 0:
-            # One odd timing (a page fault, a neighbour's burst) moves the scale by at most 20%; a lasting
-            # change of speed still wins within a few rounds.
-            ratio = min(max(ms / expected, 0.5 * self.scale), 2.0 * self.scale)
-            self.scale = self.decay * self.scale + (1 - self.decay) * ratio
+        if not (expected > 0 and ms > 0):
+            return
+        kind = "plain" if width == 1 else "wide"
+        current = self._scale(width)  # a kind's first observation starts from the other's scale
+        # One odd timing (a page fault, a neighbour's burst) moves the scale by at most 20%; a lasting
+        # change of speed still wins within a few rounds.
+        ratio = min(max(ms / expected, 0.5 * current), 2.0 * current)
+        updated = self.decay * current + (1 - self.decay) * ratio
+        self._seen.add(kind)
+        if kind == "plain":
+            self.plain_scale = updated
+        else:
+            self.scale = updated
 
 
 @dataclass
@@ -75,12 +109,15 @@ class CostModel:
     evidence, so now and then (after 8 such rounds, backing off to 256 while probes keep failing) one round
     is drafted (at least one token) with an optimistic acceptance: a prompt that turns repetitive, or a draft
     that is faster than believed, is noticed within a few rounds,
-    and a prompt where drafting never pays spends well under 1% of its rounds on probes."""
+    and a prompt where drafting never pays spends well under 1% of its rounds on probes. A probe, like any
+    return to drafting, is skipped when the draft's catch-up would cost more than even an optimistic
+    acceptance could save over the rest of the generation."""
 
     target: StepCost
     draft: StepCost | None  # None: free proposals (n-gram lookup)
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     probe_acceptance: float = 0.95
+    min_gain: float = 0.03  # drafting must promise this much more tokens/ms than plain decoding
     _idle: int = 0  # rounds in a row without drafting
     _backoff: int = 8
     _probing: bool = False
@@ -93,19 +130,35 @@ class CostModel:
             expected = sum(acceptance**i for i in range(k + 1))  # 1 + a + ... + a^k
         return expected / (draft + self.target.ms(k + 1, context))
 
-    def choose(self, k_cap: int, context: int) -> int:
-        """The k in 0..k_cap with the most expected tokens per millisecond (0: speculation does not pay)."""
+    def _worth_catching_up(self, rate: float, plain: float, behind: int, context: int, remaining: int | None) -> bool:
+        """Saving of drafting at `rate` tokens/ms instead of `plain` over the remaining tokens, against
+        the draft's catch-up on the `behind` tokens it missed beyond the usual one or two."""
+        if self.draft is None or behind <= 2 or remaining is None:
+            return True
+        saving = remaining * (1 / plain - 1 / rate)
+        return saving > self.draft.catch_up_ms(behind, context)
+
+    def choose(self, k_cap: int, context: int, behind: int = 1, remaining: int | None = None) -> int:
+        """The k in 0..k_cap with the most expected tokens per millisecond (0: speculation does not pay).
+        behind: tokens the draft must feed before it can propose (1 when it kept up); remaining: tokens
+        this generation may still produce (None: unknown, catch-ups are not weighed)."""
         rates = {k: self.tokens_per_ms(k, context) for k in range(k_cap + 1)}
         k = max(rates, key=lambda j: (rates[j], -j))
+        if k and not (
+            rates[k] > (1 + self.min_gain) * rates[0]
+            and self._worth_catching_up(rates[k], rates[0], behind, context, remaining)
+        ):
+            k = 0
         self._probing = False
         if k == 0 and k_cap > 0:
             self._idle += 1
             if self._idle >= self._backoff:
-                optimistic = {j: self.tokens_per_ms(j, context, self.probe_acceptance) for j in range(k_cap + 1)}
+                optimistic = {j: self.tokens_per_ms(j, context, self.probe_acceptance) for j in range(1, k_cap + 1)}
                 # At least one token: a probe also re-measures the draft's speed, so a cost that was
                 # misjudged (or has changed) cannot keep speculation off for good.
-                k = max(1, max(optimistic, key=lambda j: (optimistic[j], -j)))
-                self._probing, self._idle = True, 0
+                j = max(optimistic, key=lambda i: (optimistic[i], -i))
+                if self._worth_catching_up(optimistic[j], rates[0], behind, context, remaining):
+                    k, self._probing, self._idle = j, True, 0
         elif k > 0:  # speculation pays on its own evidence: the next dry spell is probed soon again
             self._idle, self._backoff = 0, 8
         return k

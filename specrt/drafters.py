@@ -31,6 +31,10 @@ class ModelDrafter:
         # The draft holds everything but its last proposal: length + k - 1 <= max_len.
         return self.session.max_len - length + 1
 
+    def behind(self, length: int) -> int:
+        """Tokens its first forward must feed: 1 (or 2 after a full acceptance) when it kept up."""
+        return length - self.session.kv.length
+
     def propose(self, tokens: list[int], k: int, pick: Pick) -> tuple[list[int], list[np.ndarray | None]]:
         drafted: list[int] = []
         q: list[np.ndarray | None] = []
@@ -56,7 +60,8 @@ class ModelDrafter:
 
 class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens (longest n first)
-    and propose what followed it. Free to compute; strong when the output copies the input (edits, code)."""
+    that is followed by k tokens, and propose them. Free to compute; strong when the output copies the
+    input (edits, code)."""
 
     name = "ngram"
     last_step_ms = None  # proposals cost no forward
@@ -66,6 +71,9 @@ class NgramDrafter:
 
     def capacity(self, length: int) -> int:
         return 1 << 30
+
+    def behind(self, length: int) -> int:
+        return 0  # nothing to catch up on
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         seq = np.asarray(tokens, dtype=np.int64)
@@ -77,7 +85,10 @@ class NgramDrafter:
                 hit &= seq[j : length - n + j] == seq[length - n + j]
             starts = np.flatnonzero(hit)
             if starts.size:
-                start = int(starts[-1]) + n  # the most recent match continues here
+                # The most recent match that has k tokens after it; failing that, the one with the most
+                # (in a run of one repeated token, the latest match has just one token after it).
+                full = starts[starts <= length - n - k]
+                start = int(full[-1] if full.size else starts[0]) + n
                 return seq[start : start + k].tolist()
         return []
 

@@ -84,6 +84,8 @@ class CostProfile:
             return row[self.widths.index(width)]
         if width < self.widths[0]:
             return row[0]
+        if len(self.widths) == 1:  # one measured width (a quick profile): proportional, an upper bound
+            return row[0] * width / self.widths[0]
         w0, w1 = self.widths[-2:]
         return row[-1] + (row[-1] - row[-2]) / (w1 - w0) * (width - w1)
 

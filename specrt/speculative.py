@@ -68,7 +68,7 @@ class Speculator:
     def step(self, tokens: list[int], max_tokens: int) -> tuple[list[int], int]:
         """One round yielding at most `max_tokens` tokens: (accepted drafts + one target token, drafted)."""
         t0 = time.perf_counter()
-        drafter, drafted, q = self._draft(tokens, max_tokens - 1)
+        drafter, drafted, q = self._draft(tokens, max_tokens)
         k = len(drafted)
         t1 = time.perf_counter()
         # One target pass scores the last token and every draft: row i predicts the token after drafted[:i].
@@ -92,13 +92,19 @@ class Speculator:
         self.last_drafter = drafter.name if drafter is not None else None
         return [*drafted[:n], nxt], k
 
-    def _draft(self, tokens: list[int], k_cap: int):
-        """Pick a drafter and k for this round (cheapest drafter that has something to offer)."""
+    def _draft(self, tokens: list[int], remaining: int):
+        """Pick a drafter and k for this round; the round may yield at most `remaining` tokens, k drafts and
+        the target's own. With a fixed k the cheapest drafter that has something to offer drafts (n-gram
+        lookup before the model); with auto k each drafter's cost model picks its k and the one promising the
+        most tokens per millisecond drafts: a weak n-gram match must not displace a strong draft model."""
         fixed = self.options.num_draft_tokens
         # The sequence, and the target's k + 1 fed positions, must fit its buffer.
         k_cap = min(
-            k_cap, fixed if fixed is not None else self.options.max_draft_tokens, self.target.max_len - len(tokens) - 1
+            remaining - 1,
+            fixed if fixed is not None else self.options.max_draft_tokens,
+            self.target.max_len - len(tokens) - 1,
         )
+        best = None  # (expected tokens/ms, drafter, k, n-gram proposal)
         for drafter in self.drafters:
             cap = min(k_cap, drafter.capacity(len(tokens)))
             found = None
@@ -108,11 +114,18 @@ class Speculator:
             if cap <= 0:
                 continue
             cost = self.costs.get(drafter.name)
-            k = cost.choose(cap, len(tokens)) if fixed is None and cost is not None else cap
-            if k > 0:
-                drafted, q = (found[:k], [None] * k) if found is not None else drafter.propose(tokens, k, self._pick)
-                return drafter, drafted, q
-        return None, [], []
+            if fixed is not None or cost is None:
+                best = (0.0, drafter, cap, found)
+                break
+            k = cost.choose(cap, len(tokens), drafter.behind(len(tokens)), remaining)
+            rate = cost.tokens_per_ms(k, len(tokens)) if k else 0.0
+            if k and (best is None or rate > best[0]):
+                best = (rate, drafter, k, found)
+        if best is None:
+            return None, [], []
+        _, drafter, k, found = best
+        drafted, q = (found[:k], [None] * k) if found is not None else drafter.propose(tokens, k, self._pick)
+        return drafter, drafted, q
 
     @staticmethod
     def _verify_greedy(logits: np.ndarray, drafted: list[int]) -> tuple[int, int]:

@@ -151,17 +151,22 @@ def lookup_engines(zoo, engine):
     flat = CostProfile({}, "", [1], [1, 2, 3], [[10.0, 10.5, 11.0]])
     cheap = CostProfile({}, "", [1], [1, 2], [[1.0, 1.0]])
     auto._costs = {"model": CostModel(StepCost(flat, decay=1.0), StepCost(cheap, decay=1.0))}  # frozen
+    both = specrt.load(target, draft, ngram=True)
+    shared = StepCost(flat, decay=1.0)
+    both._costs = {"model": CostModel(shared, StepCost(cheap, decay=1.0)), "ngram": CostModel(shared, None)}
     return {
         "auto k": auto,
         "ngram": specrt.load(target, ngram=True),
         "ngram+model": specrt.load(target, draft, ngram=True),
+        "ngram+model auto k": both,
     }
 
 
-@pytest.mark.parametrize("variant", ["auto k", "ngram", "ngram+model"])
+@pytest.mark.parametrize("variant", ["auto k", "ngram", "ngram+model", "ngram+model auto k"])
 def test_other_drafting_modes_match_target(engine, lookup_engines, variant):
-    """Auto k (the cost model varies k per round), n-gram proposals (one-hot q), and both combined."""
-    k = None if variant == "auto k" else 2
+    """Auto k (the cost model varies k per round), n-gram proposals (one-hot q), and both combined (fixed
+    k: n-gram first; auto k: the drafter promising more tokens per ms)."""
+    k = None if "auto k" in variant else 2
     e = lookup_engines[variant]
     options = GenerationOptions(
         max_new_tokens=NEW, num_draft_tokens=k, max_draft_tokens=2, ignore_eos=True, temperature=1.0
