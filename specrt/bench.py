@@ -1,9 +1,10 @@
 """Benchmark of the runtime: target-only against speculative decoding, side by side, on the same prompts.
 
 For every prompt it runs target-only decoding (k = 0) and speculative decoding for each requested k,
-`repeats` times after `warmup` short runs, and reports the median end-to-end tokens/s (prefill included, caches
-cleared before every run), acceptance, tokens per target pass, and, for greedy runs, whether the output
-equals the target-only output (with the first divergence and the target's top-2 margin there if not).
+`repeats` times after `warmup` short runs, interleaved (each repeat runs every configuration once, so a
+speedup is a ratio of runs made back to back), and reports the median end-to-end tokens/s (prefill included,
+caches cleared before every run), acceptance, tokens per target pass, and, for greedy runs, whether the
+output equals the target-only output (with the first divergence and the target's top-2 margin there if not).
 
 It also measures the step costs that decide the gain: t_target(S) for S = 1 and k + 1 (the verify pass)
 and t_draft(1) at the prompt's context, so each row carries the speedup that Leviathan et al.'s formula
@@ -226,9 +227,8 @@ def run_bench(
         if engine.draft is not None:
             steps["draft"] = step_time_ms(engine.draft, ids, [1])
         result.step_ms[prompt.name] = steps
-        base_row, base_ids = None, None
-        for k in configs:
-            options = GenerationOptions(
+        options = {
+            k: GenerationOptions(
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 seed=seed,
@@ -236,16 +236,24 @@ def run_bench(
                 max_draft_tokens=max_draft_tokens,
                 ignore_eos=True,
             )
-            for _ in range(warmup):  # short untimed runs: page in weights, size buffers, settle threads
+            for k in configs
+        }
+        for k in configs:  # short untimed runs: page in weights, size buffers, settle threads
+            for _ in range(warmup):
                 engine.reset()
-                engine.complete(ids, replace(options, max_new_tokens=min(16, max_new_tokens)))
-            speeds, decode_speeds, gen = [], [], None
-            for _ in range(repeats):
+                engine.complete(ids, replace(options[k], max_new_tokens=min(16, max_new_tokens)))
+        # Interleaved: each repeat runs every configuration once, so drift on a shared machine (a neighbour's
+        # burst, the memory bandwidth it takes) hits them alike, and speedups are taken per repeat.
+        runs: dict[int | None, list] = {k: [] for k in configs}
+        for _ in range(repeats):
+            for k in configs:
                 engine.reset()
-                gen = engine.complete(ids, options)
-                speeds.append(gen.stats.new_tokens / gen.stats.total_s)
-                decode_speeds.append(gen.stats.tokens_per_s)
-            s = gen.stats
+                runs[k].append(engine.complete(ids, options[k]))
+        base_row, base_ids = None, None
+        for k in configs:
+            gens = runs[k]
+            speeds = [g.stats.new_tokens / g.stats.total_s for g in gens]
+            gen, s = gens[-1], gens[-1].stats
             label = "target-only" if k == 0 else "auto" if k is None else f"k={k}"
             row = Row(
                 prompt.name,
@@ -257,7 +265,7 @@ def run_bench(
                 s.new_tokens,
                 s.acceptance_rate,
                 s.tokens_per_target_pass,
-                decode_tokens_per_s=statistics.median(decode_speeds),
+                decode_tokens_per_s=statistics.median(g.stats.tokens_per_s for g in gens),
                 k_histogram={str(j): n for j, n in sorted(s.k_histogram.items())},
                 token_ids=list(gen.token_ids),
             )
@@ -268,9 +276,10 @@ def run_bench(
             else:
                 _predict(row, s, steps, base_row)
                 if temperature == 0:
-                    row.equal_to_target_only = gen.token_ids == base_ids
+                    row.equal_to_target_only = all(g.token_ids == base_ids for g in gens)
                     if not row.equal_to_target_only:
-                        row.divergence = divergence(engine.target, ids, base_ids, gen.token_ids)
+                        other = next(g.token_ids for g in gens if g.token_ids != base_ids)
+                        row.divergence = divergence(engine.target, ids, base_ids, other)
             result.rows.append(row)
             log(f"{prompt.name:<22} {row.config:<12} {row.tokens_per_s:7.2f} tok/s  {row.speedup:5.2f}x")
     return result
@@ -280,7 +289,8 @@ def _predict(row: Row, stats, steps: dict, base: Row) -> None:
     """Leviathan et al.'s speedup from measured quantities, round by round: E / mean(k c + v(k+1))."""
     t = steps["target"]
     c_model = steps["draft"][1] / t[1] if "draft" in steps else 0.0
-    row.speedup = row.tokens_per_s / base.tokens_per_s
+    # Paired per repeat (the runs of one repeat ran back to back), then the median.
+    row.speedup = statistics.median(a / b for a, b in zip(row.runs_tokens_per_s, base.runs_tokens_per_s, strict=True))
     rounds = stats.rounds
     if not rounds:  # one new token: prefill only, nothing to predict
         return
