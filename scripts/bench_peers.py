@@ -13,8 +13,13 @@ of specrt's tokenizer, which encodes exactly as transformers' GGUF tokenizer doe
   specrt-int4              specrt int4 target alone, and with the int4 draft for each k
   specrt-fp32-ngram        specrt fp32 target with prompt lookup (n-gram) drafting, auto k
   specrt-int4-ngram        specrt int4 target with prompt lookup (n-gram) drafting, auto k
+  specrt-fp32-both         specrt fp32 target with n-gram and int4 draft model, auto k (per round, the
+  specrt-int4-both         drafter whose cost model promises more tokens/s drafts)
 Each configuration runs in its own process, so its peak RSS (os.wait4) is its own. Output in --out:
 results.json, results.md (the tables) and results.png (tokens/s per prompt).
+--reuse CONFIG... takes those configurations' measurements from an earlier run in the same --out (its
+raw/CONFIG.json) instead of running them again (transformers takes a third of the time and does not change
+with specrt); the report names them and when they were measured.
 
 Inputs: the GGUFs from scripts/fetch_models.py and the specrt bundles from scripts/demo.sh. The peers need
 Hugging Face folders, made once from the GGUFs (models/hf/), and onnxruntime-genai models built once with
@@ -50,6 +55,8 @@ SPECRT = {
     "specrt-fp32-ngram": ("fp32", ["ngram"], [None]),
     "specrt-int4": ("int4", ["model"], [None, 2, 4]),
     "specrt-int4-ngram": ("int4", ["ngram"], [None]),
+    "specrt-fp32-both": ("fp32", ["ngram", "model"], [None]),
+    "specrt-int4-both": ("int4", ["ngram", "model"], [None]),
 }
 CONFIGS = ["transformers-fp32", "transformers-assisted", "genai-int4", *SPECRT]
 
@@ -266,6 +273,27 @@ def run_worker(config: str, args, prompts_file: Path) -> dict:
     return data
 
 
+def reused(config: str, args, prompts: list[dict]) -> dict:
+    """An earlier run's measurements of one configuration, checked to be of the same prompts and length."""
+    raw = args.out / "raw" / f"{config}.json"
+    if not raw.is_file():
+        sys.exit(f"--reuse {config}: {raw} does not exist; run that configuration first (drop it from --reuse)")
+    data = json.loads(raw.read_text())
+    got = {(r["prompt"], r["new_tokens"]) for r in data.get("rows", [])}
+    want = {(p["name"], args.max_new_tokens) for p in prompts}
+    if not want <= got:
+        sys.exit(f"--reuse {config}: {raw} was measured on other prompts or lengths; run it again")
+    if "peak_rss_gib" not in data:  # the earlier run's results.json has the RSS of its children
+        try:
+            old = json.loads((args.out / "results.json").read_text())["results"]
+            data.update({k: v for r in old if r["config"] == config for k, v in r.items() if k != "rows"})
+        except (OSError, KeyError, ValueError):
+            pass
+    data["reused_from"] = time.strftime("%Y-%m-%d %H:%M", time.localtime(raw.stat().st_mtime))
+    print(f"\n=== {config}: reused, measured {data['reused_from']}", flush=True)
+    return data
+
+
 def prompt_set(path: Path | None) -> list[dict]:
     import specrt
     from specrt.bench import DEFAULT_PROMPTS, load_prompts
@@ -289,6 +317,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     parser.add_argument("--prompts", type=Path, default=None, help="JSON lines (see specrt bench)")
     parser.add_argument("--only", nargs="*", choices=CONFIGS, default=None)
+    parser.add_argument(
+        "--reuse",
+        nargs="*",
+        choices=CONFIGS,
+        default=[],
+        help="take these configurations from an earlier run's --out/raw/ instead of running them",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per prompt for the fast configurations")
     parser.add_argument("--slow-repeats", type=int, default=1, help="timed runs per prompt for transformers")
@@ -333,7 +368,7 @@ def main() -> int:
     prompts = prompt_set(args.prompts)
     prompts_file = args.out / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))
-    results = [run_worker(c, args, prompts_file) for c in configs]
+    results = [reused(c, args, prompts) if c in args.reuse else run_worker(c, args, prompts_file) for c in configs]
     command = "python scripts/bench_peers.py " + " ".join(sys.argv[1:])
     write_report(results, prompts, args.out, command, args.max_new_tokens)
     print((args.out / "results.md").read_text())

@@ -21,8 +21,8 @@ def _label(family: str, config: str) -> str:
         return "transformers assisted (fp32 + fp32 draft)"
     if family == "genai-int4":
         return "genai int4 target" if config == "target-only" else f"genai int4 + int4 draft, {config}"
-    target = family.split("-")[1]  # specrt-<target>[-ngram]
-    drafter = "n-gram" if family.endswith("-ngram") else "int4 draft"
+    target = family.split("-")[1]  # specrt-<target>[-ngram|-both]
+    drafter = {"ngram": "n-gram", "both": "n-gram + int4 draft"}.get(family.split("-")[-1], "int4 draft")
     return f"specrt {target} target" if config == "target-only" else f"specrt {target} + {drafter}, {config}"
 
 
@@ -32,7 +32,7 @@ def _rows(results: list[dict]) -> list[dict]:
     for res in results:
         family = res["config"]
         for r in res.get("rows", []):
-            if family.endswith("-ngram") and r["config"] == "target-only":
+            if family.endswith(("-ngram", "-both")) and r["config"] == "target-only":
                 continue  # a second run of the same bundle's target-only row (its own speedups use it)
             label = _label(family, r["config"])
             out.append({**r, "label": label, "family": family, "peak_rss_gib": res.get("peak_rss_gib")})
@@ -107,6 +107,9 @@ def write_report(results: list[dict], prompts: list[dict], out: Path, command: s
         f"{os.cpu_count()} cores; {n} new tokens per prompt, greedy, batch 1, EOS ignored.",
         "",
     ]
+    reuse = [f"{r['config']} (measured {r['reused_from']})" for r in results if r.get("reused_from")]
+    if reuse:
+        md += ["Reused from an earlier run of the same command and prompts: " + ", ".join(reuse) + ".", ""]
     md.append("Tokens/s (end to end, prefill included; median of repeats):")
     md.append("")
     md.append("| configuration | " + " | ".join(names) + " | median | peak RSS GiB |")
@@ -169,7 +172,7 @@ def targets(rows: list[dict], names: list[str]) -> list[str]:
         )
 
     lines = []
-    for family in ("specrt-fp32", "specrt-fp32-ngram", "specrt-int4", "specrt-int4-ngram"):
+    for family in dict.fromkeys(r["family"] for r in rows if r["family"].startswith("specrt")):
         for config in sorted({r["config"] for r in rows if r["family"] == family} - {"target-only"}):
             lines.append(
                 f"- {family} {config}: speedup over its target-only per prompt: "
@@ -197,6 +200,18 @@ def targets(rows: list[dict], names: list[str]) -> list[str]:
             ratios.append(f"{p} {by[('specrt-int4', 'auto', p)]['tokens_per_s'] / max(theirs):.2f}x")
     if ratios:
         lines.append("- specrt-int4 auto / best genai int4 speculative: " + ", ".join(ratios))
+    ratios = []
+    for p in names:
+        theirs = [r["tokens_per_s"] for r in genai if r["prompt"] == p]
+        mine = [
+            r["tokens_per_s"]
+            for r in rows
+            if r["family"].startswith("specrt-int4") and r["prompt"] == p and r["config"] != "target-only"
+        ]
+        if theirs and mine:
+            ratios.append(f"{p} {max(mine) / max(theirs):.2f}x")
+    if ratios:
+        lines.append("- best specrt int4 speculative configuration / best genai int4 speculative: " + ", ".join(ratios))
     return lines
 
 
