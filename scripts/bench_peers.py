@@ -279,7 +279,7 @@ def reused(config: str, args, prompts: list[dict]) -> dict:
     if not raw.is_file():
         sys.exit(f"--reuse {config}: {raw} does not exist; run that configuration first (drop it from --reuse)")
     data = json.loads(raw.read_text())
-    got = {(r["prompt"], r["new_tokens"]) for r in data.get("rows", [])}
+    got = {(r["prompt"], len(r.get("token_ids", ()))) for r in data.get("rows", [])}
     want = {(p["name"], args.max_new_tokens) for p in prompts}
     if not want <= got:
         sys.exit(f"--reuse {config}: {raw} was measured on other prompts or lengths; run it again")
