@@ -47,8 +47,8 @@ class Engine:
         self.draft = ModelSession(draft_bundle, draft_session_options or session_options) if draft_bundle else None
         self.ngram = NgramDrafter() if ngram else None
         # Learned across generations, deliberately (a service's prompts resemble each other): acceptance per
-        # drafter, live step-cost scales and the probing back-off. Built at the first auto-k generation;
-        # a later, larger max_draft_tokens reads widths past the profile by extrapolation.
+        # drafter (as a light prior for the next prompt) and live step-cost scales. Built at the first auto-k
+        # generation; a later, larger max_draft_tokens reads widths past the profile by extrapolation.
         self._costs: dict[str, CostModel] = {}
 
     def _cost_models(self, options: GenerationOptions, context: int) -> dict[str, CostModel]:
@@ -101,6 +101,8 @@ class Engine:
             drafters += [self.ngram] if self.ngram is not None else []
             drafters += [ModelDrafter(self.draft)] if self.draft is not None else []
         costs = self._cost_models(options, len(ids)) if drafters else {}
+        for cost in costs.values():
+            cost.start_generation()
         return Generation(Speculator(self.target, drafters, options, costs), self.tokenizer, ids)
 
     def complete(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **kw) -> Generation:
@@ -119,7 +121,7 @@ def load(
     ngram: bool = False,
 ) -> Engine:
     """Load bundles for generation. threads=0 lets ONNX Runtime choose; ngram=True adds prompt-lookup
-    drafting (tried before the draft model, or alone without one).
+    drafting (alone, or beside the draft model: with auto k the one promising more tokens/s drafts each round).
 
     spinning=None (auto) keeps ONNX Runtime's spinning worker threads for a lone target but turns them off
     when a draft is loaded: the two sessions alternate on the same cores, and each one's spinning threads

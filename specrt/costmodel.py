@@ -52,6 +52,14 @@ class AcceptanceEstimate:
             total += survive
         return total
 
+    def rebase(self, weight: float) -> None:
+        """Keep what was learned as a prior worth at most `weight` observations per position: a new prompt's
+        own rounds then outweigh it within a few rounds (code after prose, or prose after code)."""
+        for i, trials in enumerate(self._trials):
+            if trials > weight:
+                self._hits[i] *= weight / trials
+                self._trials[i] = weight
+
     def update(self, drafted: int, accepted: int) -> None:
         """Drafts 0..accepted-1 were accepted; draft `accepted` (if any) was the first rejection."""
         for i in range(min(drafted, accepted + 1, self.max_k)):
@@ -121,6 +129,13 @@ class CostModel:
     _idle: int = 0  # rounds in a row without drafting
     _backoff: int = 8
     _probing: bool = False
+
+    def start_generation(self) -> None:
+        """A new prompt: earlier acceptance becomes a light prior, and the probing schedule starts afresh
+        (after a long dry spell on prose, a code prompt must not wait 256 rounds for its first probe). The
+        live cost scales carry over: they describe the machine, not the text."""
+        self.acceptance.rebase(3.0)
+        self._idle, self._backoff, self._probing = 0, 8, False
 
     def tokens_per_ms(self, k: int, context: int, acceptance: float | None = None) -> float:
         draft = k * self.draft.ms(1, context) if self.draft is not None and k else 0.0

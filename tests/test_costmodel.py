@@ -245,3 +245,34 @@ def test_auto_k_lets_the_drafter_that_promises_more_draft(zoo, ngram_alpha, mode
     target.forward(tokens[:-1], keep=1)
     drafter, drafted, _ = spec._draft(tokens, 64)
     assert drafter.name == expected and len(drafted) > 0
+
+
+def test_a_quick_profile_is_saved_apart_and_reused(zoo, tmp_path):
+    import shutil
+
+    from specrt.profile import profile_for
+
+    bundle = shutil.copytree(zoo.target(), tmp_path / "q", ignore=shutil.ignore_patterns("profiles"))
+    session = ModelSession(__import__("specrt").open_bundle(bundle), SessionOptions(allow_spinning=False))
+    quick = profile_for(session, 3, 20)
+    assert [p.name for p in (bundle / "profiles").iterdir()] == [quick.path(bundle).name]
+    assert quick.path(bundle).stem.endswith("-quick") and quick.widths == [1, 2, 3]
+    assert profile_for(session, 2, 20) == quick  # read back, not measured again
+    full = measure(session, widths=[1, 2, 3, 4], contexts=[16], reps=1)
+    full.save(bundle)
+    assert profile_for(session, 3, 20) == full  # a full profile of the same settings wins
+
+
+def test_a_new_prompt_outweighs_the_last_one_within_a_few_rounds():
+    target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 20, alpha=0.7)
+    m.acceptance.prior_weight = 2.0
+    for _ in range(60):  # a code prompt: everything accepted
+        m.acceptance.update(4, 4)
+    m._backoff = 256  # ... and a prose prompt after it whose probes all failed
+    m.start_generation()
+    assert m._backoff == 8 and m._idle == 0  # the next prompt is probed on the usual schedule
+    assert m.acceptance.rate(0) > 0.85  # what was learned stays as a prior ...
+    for _ in range(4):
+        m.acceptance.update(1, 0)
+    assert m.acceptance.rate(0) < 0.5  # ... that four rejections of the new prompt outweigh
