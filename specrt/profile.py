@@ -5,8 +5,8 @@ The numbers belong to the machine, not the model: a profile is stored inside the
 (not yet the GPU model), plus the session settings (threads, spinning) it was measured with.
 `specrt profile BUNDLE` measures one, and `specrt export` runs it at the end of an export; an engine
 without a profile for its machine measures a quick one (one context, two repetitions) the first time it
-needs it and keeps it until a full one replaces it. Only timing lives here; choosing k from it is
-costmodel.py's job.
+needs it and saves it as `...-quick.json`, used until a full one exists. Only timing lives here; choosing
+k from it is costmodel.py's job.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class CostProfile:
             return row[self.widths.index(width)]
         if width < self.widths[0]:
             return row[0]
-        if len(self.widths) == 1:  # one measured width (a quick profile): proportional, an upper bound
+        if len(self.widths) == 1:  # one measured width: proportional, an upper bound
             return row[0] * width / self.widths[0]
         w0, w1 = self.widths[-2:]
         return row[-1] + (row[-1] - row[-2]) / (w1 - w0) * (width - w1)
@@ -168,5 +168,8 @@ def profile_for(session: ModelSession, max_width: int, context: int) -> CostProf
     if found is not None and max(found.widths) >= max_width:
         return found
     quick = measure(session, widths=list(range(1, max_width + 1)), contexts=[max(context, 1)], reps=2)
+    # Saved under a name of its own ("...-quick"), so that `specrt inspect` tells it from a full one and a
+    # full profile of the same settings, once measured, is the one loaded.
+    quick.settings += "-quick"
     quick.save(session.bundle.path)
     return quick
