@@ -1,10 +1,11 @@
 """Benchmark of the runtime: target-only against speculative decoding, side by side, on the same prompts.
 
 For every prompt it runs target-only decoding (k = 0) and speculative decoding for each requested k,
-`repeats` times after `warmup` short runs, interleaved (each repeat runs every configuration once, so a
-speedup is a ratio of runs made back to back), and reports the median end-to-end tokens/s (prefill included,
-caches cleared before every run), acceptance, tokens per target pass, and, for greedy runs, whether the
-output equals the target-only output (with the first divergence and the target's top-2 margin there if not).
+`repeats` times after `warmup` short runs, interleaved (each repeat runs every configuration once, in
+alternating order, so a speedup is a ratio of runs made back to back), and reports the median end-to-end
+tokens/s (prefill included, caches cleared before every run), acceptance, tokens per target pass, and, for
+greedy runs, whether the output equals the target-only output (with the first divergence and the target's
+top-2 margin there if not).
 
 It also measures the step costs that decide the gain: t_target(S) for S = 1 and k + 1 (the verify pass)
 and t_draft(1) at the prompt's context, so each row carries the speedup that Leviathan et al.'s formula
@@ -243,10 +244,11 @@ def run_bench(
                 engine.reset()
                 engine.complete(ids, replace(options[k], max_new_tokens=min(16, max_new_tokens)))
         # Interleaved: each repeat runs every configuration once, so drift on a shared machine (a neighbour's
-        # burst, the memory bandwidth it takes) hits them alike, and speedups are taken per repeat.
+        # burst, the memory bandwidth it takes) hits them alike, and speedups are taken per repeat; every
+        # other repeat in reverse order, so that running first or second favours no configuration.
         runs: dict[int | None, list] = {k: [] for k in configs}
-        for _ in range(repeats):
-            for k in configs:
+        for r in range(repeats):
+            for k in configs if r % 2 == 0 else configs[::-1]:
                 engine.reset()
                 runs[k].append(engine.complete(ids, options[k]))
         base_row, base_ids = None, None
