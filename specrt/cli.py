@@ -47,7 +47,8 @@ def engine_options(f):
                 "--draft",
                 "drafts",
                 multiple=True,
-                help="Draft bundle folder, or 'ngram' for prompt lookup; repeat to combine (n-gram tried first).",
+                help="Draft bundle folder, or 'ngram' for prompt lookup; repeat to combine (auto k: the drafter "
+                "promising more drafts each round; fixed k: n-gram first).",
             ),
             click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True),
             click.option(
