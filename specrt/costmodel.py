@@ -115,11 +115,11 @@ class StepCost:
 class CostModel:
     """k = argmax expected tokens/ms. While speculation does not pay, the acceptance estimate gets no new
     evidence, so now and then (after 8 such rounds, backing off to 256 while probes keep failing) one round
-    is drafted (at least one token) with an optimistic acceptance: a prompt that turns repetitive, or a draft
-    that is faster than believed, is noticed within a few rounds,
-    and a prompt where drafting never pays spends well under 1% of its rounds on probes. A probe, like any
-    return to drafting, is skipped when the draft's catch-up would cost more than even an optimistic
-    acceptance could save over the rest of the generation."""
+    is drafted (the fewest tokens that could pay at an optimistic acceptance, at least one): a prompt that
+    turns repetitive, or a draft that is faster than believed, is noticed within a few rounds, and a prompt
+    where drafting never pays spends well under 1% of its rounds on probes. A probe, like any return to
+    drafting, is skipped when the draft's catch-up would cost more than even an optimistic acceptance could
+    save over the rest of the generation."""
 
     target: StepCost
     draft: StepCost | None  # None: free proposals (n-gram lookup)
@@ -169,9 +169,13 @@ class CostModel:
             self._idle += 1
             if self._idle >= self._backoff:
                 optimistic = {j: self.tokens_per_ms(j, context, self.probe_acceptance) for j in range(1, k_cap + 1)}
-                # At least one token: a probe also re-measures the draft's speed, so a cost that was
-                # misjudged (or has changed) cannot keep speculation off for good.
-                j = max(optimistic, key=lambda i: (optimistic[i], -i))
+                # The fewest drafts that could pay under the optimistic acceptance, and at least one: a probe
+                # also re-measures the draft's speed, so a cost that was misjudged (or has changed) cannot
+                # keep speculation off for good. A probe is a bet that usually fails; a wide one would cost
+                # a wide verify pass (on an int4 target t(9) is ~4 plain steps), a narrow one little more
+                # than a plain step, and a success makes the next rounds draft on their own evidence.
+                bar = (1 + self.min_gain) * rates[0]
+                j = next((i for i in optimistic if optimistic[i] > bar), 1)
                 if self._worth_catching_up(optimistic[j], rates[0], behind, context, remaining):
                     k, self._probing, self._idle = j, True, 0
         elif k > 0:  # speculation pays on its own evidence: the next dry spell is probed soon again

@@ -276,3 +276,13 @@ def test_a_new_prompt_outweighs_the_last_one_within_a_few_rounds():
     for _ in range(4):
         m.acceptance.update(1, 0)
     assert m.acceptance.rate(0) < 0.5  # ... that four rejections of the new prompt outweigh
+
+
+def test_a_probe_drafts_the_fewest_tokens_that_could_pay():
+    # int4-like target and a free drafter (n-gram) that has been failing: an optimistic 8-token probe
+    # would win on paper, but a failed one costs a 9-token verify (4.2 plain steps); one token is enough.
+    target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, None, alpha=0.05)
+    assert m.tokens_per_ms(8, 100, 0.95) > m.tokens_per_ms(1, 100, 0.95)
+    picks = [m.choose(8, 100) for _ in range(8)]
+    assert picks == [0] * 7 + [1]
