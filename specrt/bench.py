@@ -108,6 +108,7 @@ class Row:
     divergence: dict | None = None  # {"position": i, "top2_margin": m} when greedy outputs differ
     decode_tokens_per_s: float = 0.0  # after prefill
     k_histogram: dict = field(default_factory=dict)
+    rounds_by_drafter: dict = field(default_factory=dict)  # "model/4", "ngram/3", "none/0" -> rounds (last run)
     overhead_ms_per_round: float = 0.0  # wall time outside ONNX Runtime per target pass
     overhead_vs_step: float = 0.0  # ... as a fraction of one target decode step
     token_ids: list[int] = field(default_factory=list)  # the last repeat's output (greedy: all repeats')
@@ -269,6 +270,7 @@ def run_bench(
                 s.tokens_per_target_pass,
                 decode_tokens_per_s=statistics.median(g.stats.tokens_per_s for g in gens),
                 k_histogram={str(j): n for j, n in sorted(s.k_histogram.items())},
+                rounds_by_drafter=dict(sorted(s.rounds_by_drafter.items())),
                 token_ids=list(gen.token_ids),
             )
             row.overhead_ms_per_round = s.overhead_ms_per_round

@@ -192,4 +192,5 @@ def test_bench_runs_and_reports(capsys, zoo, tmp_path):
     assert [r["config"] for r in rows[:3]] == ["target-only", "k=2", "k=4"]
     assert all(r["equal_to_target_only"] for r in rows if r["k"])
     assert all(r["predicted_speedup"] > 0 and r["verify_cost"] > 0 for r in rows if r["k"])
+    assert all(sum(r["rounds_by_drafter"].values()) == sum(r["k_histogram"].values()) for r in rows)
     assert set(data["step_ms"]["a"]["target"]) == {"1", "2", "3", "4", "5"}
