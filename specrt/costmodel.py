@@ -89,8 +89,8 @@ class StepCost:
         return self.profile(width, context) * self._scale(width)
 
     def catch_up_ms(self, tokens: int, context: int) -> float:
-        """A forward over `tokens` new tokens at once (a catch-up); long ones in chunks of the widest
-        measured width, whose per-token price is the lowest the profile knows."""
+        """A forward over `tokens` new tokens at once (a catch-up); long ones priced per 16-token chunk,
+        the widest width profiles measure (profile.WIDTHS) and the cheapest per token they know."""
         chunk = min(tokens, 16)
         return self.ms(chunk, context) * tokens / chunk if tokens > 0 else 0.0
 
