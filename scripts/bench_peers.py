@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Side-by-side benchmark of specrt against the tools users would pick instead, in one run.
 
-    python scripts/bench_peers.py --out results/            # everything (about 90 minutes on 2 cores)
+    python scripts/bench_peers.py --out results/            # everything (about 2 hours on 2 cores)
     python scripts/bench_peers.py --only specrt-int4        # one configuration
 
 Configurations (same prompts, greedy, batch 1, N new tokens, EOS ignored; the peers are fed the token ids

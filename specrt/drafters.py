@@ -1,7 +1,8 @@
 """Where draft tokens come from: a draft model, or prompt lookup (n-gram) over the sequence so far.
 
-A drafter proposes up to k tokens after `tokens` and, for each, the distribution q it was drawn from
-(None for a deterministic proposal, which the acceptance test treats as one-hot). The acceptance maths
+The draft model proposes k tokens after `tokens` and, for each, the distribution q it was drawn from;
+prompt lookup's proposals are deterministic (q None, which the acceptance test treats as one-hot), and
+the speculator looks them up once per round, before choosing k, since their length caps k. The acceptance maths
 is the same for both, so both are lossless. Drafters know nothing about the target.
 """
 
@@ -91,10 +92,6 @@ class NgramDrafter:
                 start = int(full[-1] if full.size else starts[0]) + n
                 return seq[start : start + k].tolist()
         return []
-
-    def propose(self, tokens: list[int], k: int, pick: Pick) -> tuple[list[int], list[np.ndarray | None]]:
-        drafted = self.lookup(tokens, k)
-        return drafted, [None] * len(drafted)
 
     def keep(self, length: int) -> None:
         pass
