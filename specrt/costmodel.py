@@ -10,7 +10,9 @@ by what the steps actually take in this process, and the a_i learned online with
 Two costs the per-round formula does not see are charged explicitly:
 - Plain steps and verify passes are rescaled separately. Drafting and verifying alternate two models on the
   same cores, so a verify pass runs with caches the draft has just evicted; learning one scale from both
-  would make plain decoding look as slow as that and speculation win on paper.
+  would make plain decoding look as slow as that and speculation win on paper. So the target's plain steps
+  measure the machine's current speed, shared by all estimates, and verify passes and draft steps learn
+  how much slower (or faster) than that they run in the loop.
 - A draft that sat out some rounds must first catch up on the tokens it missed (a small prefill). Starting
   to draft again is worth that only if the time it saves over the tokens still to come exceeds it; near the
   end of a generation, or when drafting barely pays, it is not.
@@ -68,25 +70,43 @@ class AcceptanceEstimate:
 
 
 @dataclass
+class MachineSpeed:
+    """How fast the machine runs now against when the profiles were measured: live / profiled time of the
+    target's plain 1-token steps, smoothed. One per generator, shared by the target's and the draft's costs:
+    a machine that got faster or slower (clock, a neighbour's load) changes every forward, not only the kind
+    last observed. (When it was learned per kind, verify and draft estimates went stale while plain decoding
+    ran 30% faster than profiled, and drafting, which would have paid, never looked worth trying.)"""
+
+    scale: float = 1.0
+    seen: bool = False  # a plain target step has been observed
+
+
+@dataclass
 class StepCost:
-    """Milliseconds for a forward of S new tokens: a measured profile curve, rescaled by live timings, with
-    one scale for 1-token steps and one for wider passes (see the module docstring). Until a kind has been
-    seen live, it borrows the other kind's scale."""
+    """Milliseconds for a forward of S new tokens: a measured profile curve, times the machine's live speed,
+    times a learned ratio per kind of forward (1-token "plain" steps, "wide" passes) for what the loop does
+    to it (see the module docstring). The target's plain steps define the machine speed (their ratio is 1);
+    until one has been seen, its wide passes do. A draft model's steps are priced relative to the same
+    speed. A kind not yet seen live borrows the other kind's ratio."""
 
     profile: Callable[[int, int], float]  # (S, context length) -> ms, measured offline on this machine
+    speed: MachineSpeed = field(default_factory=MachineSpeed)
+    defines_speed: bool = True  # the target's cost; False for a draft's (CostModel ties it to the target's)
     decay: float = 0.8
-    scale: float = 1.0  # live / profiled for S >= 2, smoothed
-    plain_scale: float = 1.0  # live / profiled for S = 1
-    _seen: set = field(default_factory=set)  # which kinds ("plain", "wide") have been observed
+    ratios: dict[str, float] = field(default_factory=dict)  # kind -> live / (profile * speed), smoothed
 
-    def _scale(self, width: int) -> float:
-        kind = "plain" if width == 1 else "wide"
-        if kind not in self._seen and self._seen:
-            kind = "wide" if kind == "plain" else "plain"
-        return self.plain_scale if kind == "plain" else self.scale
+    @staticmethod
+    def _kind(width: int) -> str:
+        return "plain" if width == 1 else "wide"
+
+    def ratio(self, kind: str) -> float:
+        if self.defines_speed and kind == "plain":
+            return 1.0
+        other = "wide" if kind == "plain" else "plain"
+        return self.ratios.get(kind, self.ratios.get(other, 1.0))
 
     def ms(self, width: int, context: int) -> float:
-        return self.profile(width, context) * self._scale(width)
+        return self.profile(width, context) * self.speed.scale * self.ratio(self._kind(width))
 
     def catch_up_ms(self, tokens: int, context: int) -> float:
         """A forward over `tokens` new tokens at once (a catch-up); long ones priced per 16-token chunk,
@@ -95,20 +115,21 @@ class StepCost:
         return self.ms(chunk, context) * tokens / chunk if tokens > 0 else 0.0
 
     def observe(self, width: int, context: int, ms: float) -> None:
-        expected = self.profile(width, context)
+        expected = self.profile(width, context) * self.speed.scale
         if not (expected > 0 and ms > 0):
             return
-        kind = "plain" if width == 1 else "wide"
-        current = self._scale(width)  # a kind's first observation starts from the other's scale
-        # One odd timing (a page fault, a neighbour's burst) moves the scale by at most 20%; a lasting
-        # change of speed still wins within a few rounds.
-        ratio = min(max(ms / expected, 0.5 * current), 2.0 * current)
-        updated = self.decay * current + (1 - self.decay) * ratio
-        self._seen.add(kind)
-        if kind == "plain":
-            self.plain_scale = updated
+        kind = self._kind(width)
+        if self.defines_speed and (kind == "plain" or not self.speed.seen):
+            self.speed.scale = self._smooth(self.speed.scale, self.speed.scale * ms / expected)
+            self.speed.seen |= kind == "plain"
         else:
-            self.scale = updated
+            current = self.ratio(kind)  # a kind's first observation starts from the other's ratio
+            self.ratios[kind] = self._smooth(current, ms / expected)
+
+    def _smooth(self, current: float, observed: float) -> float:
+        # One odd timing (a page fault, a neighbour's burst) moves the estimate by at most 20%; a lasting
+        # change of speed still wins within a few rounds.
+        return self.decay * current + (1 - self.decay) * min(max(observed, 0.5 * current), 2.0 * current)
 
 
 @dataclass
@@ -129,6 +150,10 @@ class CostModel:
     _idle: int = 0  # rounds in a row without drafting
     _backoff: int = 8
     _probing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.draft is not None:  # the draft runs on the same machine: its costs follow the target's speed
+            self.draft.speed, self.draft.defines_speed = self.target.speed, False
 
     def start_generation(self) -> None:
         """A new prompt: earlier acceptance becomes a light prior, and the probing schedule starts afresh

@@ -148,7 +148,7 @@ def test_a_misjudged_draft_cost_is_corrected_by_probes():
     # as a draft step): speculation looks unprofitable, but probes re-measure the draft and turn it back on.
     target = {s: 65 * (1 + 0.17 * (s - 1)) for s in range(1, 10)}
     m = model_with(target, 20, alpha=0.95)
-    m.draft.scale = m.draft.plain_scale = 4.0
+    m.draft.ratios["plain"] = 4.0
     assert m.choose(4, 100) == 0
     for _ in range(200):
         k = m.choose(4, 100)
@@ -182,6 +182,24 @@ def test_slow_verify_passes_do_not_make_plain_steps_look_slow():
     assert m.target.ms(1, 100) == pytest.approx(target[1], rel=0.01)
     assert m.target.ms(2, 100) == pytest.approx(1.3 * target[2], rel=0.02)
     assert m.choose(1, 100) == 0
+
+
+def test_a_faster_machine_speeds_up_every_estimate():
+    # int4-like pair: drafting k = 1 at 95% ran as profiled; then the machine got faster (plain steps at 0.68x
+    # the profile, as measured in one benchmark run) and only plain steps were seen for a while. The verify and
+    # draft estimates must follow the machine, or a catch-up-weighed return to drafting looks like it cannot
+    # pay (it did: k = 0 for whole chat prompts, where drafting k = 1 had been a 1.05x gain).
+    target = {s: 65 * (1 + 0.17 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 27, alpha=0.95)
+    for _ in range(10):
+        m.target.observe(1, 100, target[1])
+        m.observe(1, 1, 100, 27, target[2])
+    for _ in range(60):
+        m.target.observe(1, 100, 0.68 * target[1])
+    assert m.target.ms(1, 100) == pytest.approx(0.68 * target[1], rel=0.02)
+    assert m.target.ms(2, 100) == pytest.approx(0.68 * target[2], rel=0.05)
+    assert m.draft.ms(1, 100) == pytest.approx(0.68 * 27, rel=0.05)
+    assert m.choose(1, 100, behind=70, remaining=120) == 1
 
 
 def test_a_kind_not_yet_seen_borrows_the_other_scale():
