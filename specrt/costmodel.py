@@ -16,6 +16,9 @@ Two costs the per-round formula does not see are charged explicitly:
 - A draft that sat out some rounds must first catch up on the tokens it missed (a small prefill). Starting
   to draft again is worth that only if the time it saves over the tokens still to come exceeds it; near the
   end of a generation, or when drafting barely pays, it is not.
+The chosen k is a ceiling for a draft model: after each draft token, its probability under the draft
+(calibrated per bucket against what the target accepted) says whether the round is worth continuing
+(`keep_drafting`). The stop depends on the draft alone, so verification stays exact.
 Speculation must also beat plain decoding by a margin (`min_gain`): a gain of 1% on paper is within the
 error of these estimates, and a wrong bet costs more than it wins.
 The module knows nothing about sessions; the speculator reports each round to it.
@@ -67,6 +70,38 @@ class AcceptanceEstimate:
         for i in range(min(drafted, accepted + 1, self.max_k)):
             self._trials[i] = self.decay * self._trials[i] + 1.0
             self._hits[i] = self.decay * self._hits[i] + (1.0 if i < accepted else 0.0)
+
+
+@dataclass
+class ConfidenceCalibration:
+    """P(a drafted token is accepted | the draft's own probability of it), per probability bucket, learned
+    online with exponential forgetting. The draft model's confidence is informative but not calibrated
+    against the target (a 0.5-confident draft token of the bundled code pair is accepted ~60% of the time,
+    a 0.9-confident one ~98%), hence the table; a bucket without evidence believes the confidence."""
+
+    edges: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99)
+    decay: float = 0.98  # per observation of the bucket: a slow drift, the table describes the pair
+    prior_weight: float = 2.0
+    _hits: list[float] = field(default_factory=list)
+    _trials: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._hits = [0.0] * len(self.edges)
+        self._trials = [0.0] * len(self.edges)
+
+    def _bucket(self, confidence: float) -> int:
+        return max(i for i, edge in enumerate(self.edges) if confidence >= edge) if confidence > 0 else 0
+
+    def rate(self, confidence: float) -> float:
+        b = self._bucket(confidence)
+        upper = self.edges[b + 1] if b + 1 < len(self.edges) else 1.0
+        prior = (self.edges[b] + upper) / 2
+        return (self._hits[b] + prior * self.prior_weight) / (self._trials[b] + self.prior_weight)
+
+    def update(self, confidence: float, accepted: bool) -> None:
+        b = self._bucket(confidence)
+        self._trials[b] = self.decay * self._trials[b] + 1.0
+        self._hits[b] = self.decay * self._hits[b] + (1.0 if accepted else 0.0)
 
 
 @dataclass
@@ -138,14 +173,19 @@ class CostModel:
     evidence, so now and then (after 8 such rounds, backing off to 256 while probes keep failing) one round
     is drafted (the fewest tokens that could pay at an optimistic acceptance, at least one): a prompt that
     turns repetitive, or a draft that is faster than believed, is noticed within a few rounds, and a prompt
-    where drafting never pays spends well under 1% of its rounds on probes. A probe, like any return to
-    drafting, is skipped when the draft's catch-up would cost more than even an optimistic acceptance could
-    save over the rest of the generation."""
+    where drafting never pays spends well under 1% of its rounds on probes. A return to drafting is skipped
+    when the draft's catch-up would cost more than drafting is expected to save over the rest of the
+    generation; a probe, when its catch-up would cost more than `probe_budget` of the plain decoding time
+    left. (A probe must not need to pay on paper: it exists because the paper may be wrong. Held to the
+    saving test, a draft whose cost was once misjudged, e.g. timed while a neighbour took the cores, was
+    never re-measured: every later prompt starts with the draft behind by the whole prompt.)"""
 
     target: StepCost
     draft: StepCost | None  # None: free proposals (n-gram lookup)
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    calibration: ConfidenceCalibration = field(default_factory=ConfidenceCalibration)
     probe_acceptance: float = 0.95
+    probe_budget: float = 0.02  # a probe's catch-up may cost this share of the plain decoding time left
     min_gain: float = 0.03  # drafting must promise this much more tokens/ms than plain decoding
     _idle: int = 0  # rounds in a row without drafting
     _backoff: int = 8
@@ -170,13 +210,9 @@ class CostModel:
             expected = sum(acceptance**i for i in range(k + 1))  # 1 + a + ... + a^k
         return expected / (draft + self.target.ms(k + 1, context))
 
-    def _worth_catching_up(self, rate: float, plain: float, behind: int, context: int, remaining: int | None) -> bool:
-        """Saving of drafting at `rate` tokens/ms instead of `plain` over the remaining tokens, against
-        the draft's catch-up on the `behind` tokens it missed beyond the usual one or two."""
-        if self.draft is None or behind <= 2 or remaining is None:
-            return True
-        saving = remaining * (1 / plain - 1 / rate)
-        return saving > self.draft.catch_up_ms(behind, context)
+    def _catch_up_ms(self, behind: int, context: int) -> float:
+        """The draft's catch-up on the `behind` tokens it missed beyond the usual one or two."""
+        return self.draft.catch_up_ms(behind, context) if self.draft is not None and behind > 2 else 0.0
 
     def choose(self, k_cap: int, context: int, behind: int = 1, remaining: int | None = None) -> int:
         """The k in 0..k_cap with the most expected tokens per millisecond (0: speculation does not pay).
@@ -184,9 +220,10 @@ class CostModel:
         this generation may still produce (None: unknown, catch-ups are not weighed)."""
         rates = {k: self.tokens_per_ms(k, context) for k in range(k_cap + 1)}
         k = max(rates, key=lambda j: (rates[j], -j))
+        catch_up = self._catch_up_ms(behind, context)
         if k and not (
             rates[k] > (1 + self.min_gain) * rates[0]
-            and self._worth_catching_up(rates[k], rates[0], behind, context, remaining)
+            and (remaining is None or remaining * (1 / rates[0] - 1 / rates[k]) > catch_up)
         ):
             k = 0
         self._probing = False
@@ -201,16 +238,50 @@ class CostModel:
                 # than a plain step, and a success makes the next rounds draft on their own evidence.
                 bar = (1 + self.min_gain) * rates[0]
                 j = next((i for i in optimistic if optimistic[i] > bar), 1)
-                if self._worth_catching_up(optimistic[j], rates[0], behind, context, remaining):
+                if remaining is None or catch_up <= self.probe_budget * remaining / rates[0]:
                     k, self._probing, self._idle = j, True, 0
         elif k > 0:  # speculation pays on its own evidence: the next dry spell is probed soon again
             self._idle, self._backoff = 0, 8
         return k
 
-    def observe(self, k: int, accepted: int, context: int, draft_step_ms: float | None, target_ms: float) -> None:
-        """One drafting round (k > 0): its acceptance, the mean time of one draft step (None: not measured)
-        and the time of the target's (k + 1)-token pass."""
+    def keep_drafting(self, confidences: list[float], k: int, context: int) -> bool:
+        """After drafting len(confidences) of at most k tokens (the draft's probability of each): draft another?
+        The drafts so far survive verification with the calibrated probability of their confidences; going
+        on to any m <= k (the later drafts at the per-position rates) must promise more tokens per
+        millisecond for this round than verifying now. One unsure draft token (a name not seen before, the
+        end of a line) makes the rest of the round unlikely to be accepted: the draft steps and verify width
+        they would cost are saved, and rounds where the draft is sure can run longer than an average k."""
+        j = len(confidences)
+        if j >= k or self.draft is None:
+            return j < k
+        survive, expected = 1.0, 1.0
+        for confidence in confidences:
+            survive *= self.calibration.rate(confidence)
+            expected += survive
+        step = self.draft.ms(1, context)
+        now = expected / (j * step + self.target.ms(j + 1, context))
+        for m in range(j + 1, k + 1):
+            survive *= self.acceptance.rate(m - 1)
+            expected += survive
+            if expected / (m * step + self.target.ms(m + 1, context)) > now:
+                return True
+        return False
+
+    def observe(
+        self,
+        k: int,
+        accepted: int,
+        context: int,
+        draft_step_ms: float | None,
+        target_ms: float,
+        confidences: list[float] | None = None,
+    ) -> None:
+        """One drafting round (k > 0): its acceptance, the mean time of one draft step (None: not measured),
+        the time of the target's (k + 1)-token pass, and the draft's probability of each drafted token (None:
+        a drafter without one); a draft after the first rejection was never tested and teaches nothing."""
         self.acceptance.update(k, accepted)
+        for i, confidence in enumerate((confidences or [])[: accepted + 1]):
+            self.calibration.update(confidence, i < accepted)
         if self.draft is not None and draft_step_ms is not None:
             self.draft.observe(1, context, draft_step_ms)
         if self._probing:

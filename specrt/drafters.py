@@ -27,6 +27,7 @@ class ModelDrafter:
     def __init__(self, session: ModelSession):
         self.session = session
         self.last_step_ms: float | None = None  # mean forward time of the last proposal's drafting steps
+        self.last_confidences: list[float] = []  # the draft's probability of each token of the last proposal
 
     def capacity(self, length: int) -> int:
         # The draft holds everything but its last proposal: length + k - 1 <= max_len.
@@ -36,12 +37,20 @@ class ModelDrafter:
         """Tokens its first forward must feed: 1 (or 2 after a full acceptance) when it kept up."""
         return length - self.session.kv.length
 
-    def propose(self, tokens: list[int], k: int, pick: Pick) -> tuple[list[int], list[np.ndarray | None]]:
+    def propose(
+        self, tokens: list[int], k: int, pick: Pick, more: Callable[[list[float]], bool] | None = None
+    ) -> tuple[list[int], list[np.ndarray | None]]:
+        """Up to k drafts and the distribution each was drawn from. With `more`, drafting stops early once
+        more(confidences) says so, given the draft's probability of each token drafted so far (also kept
+        in last_confidences). The stop depends on the draft alone, so verification stays exact."""
         drafted: list[int] = []
         q: list[np.ndarray | None] = []
+        self.last_confidences = []
         feed = tokens[self.session.kv.length :]  # the last token, or more after a full acceptance
         step_s, steps = 0.0, 0
         for _ in range(k):
+            if drafted and more is not None and not more(self.last_confidences):
+                break
             t0 = time.perf_counter()
             logits = self.session.forward(feed, keep=1)[-1]
             # The price of a drafted token is a 1-2 token forward; catching up on a longer stretch (the
@@ -49,6 +58,8 @@ class ModelDrafter:
             if len(feed) <= 2:
                 step_s, steps = step_s + time.perf_counter() - t0, steps + 1
             token, probs = pick(logits)
+            if more is not None:
+                self.last_confidences.append(float(probs[token]) if probs is not None else _top_probability(logits))
             drafted.append(token)
             q.append(probs)
             feed = [token]
@@ -59,6 +70,12 @@ class ModelDrafter:
         self.session.kv.truncate(length)
 
 
+def _top_probability(logits: np.ndarray) -> float:
+    """softmax(logits).max() = 1 / sum(exp(logits - max)), without building the distribution."""
+    x = logits.astype(np.float32, copy=False)
+    return float(1.0 / np.exp(x - x.max()).sum())
+
+
 class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens (longest n first)
     that is followed by k tokens, and propose them. Free to compute; strong when the output copies the
@@ -66,6 +83,7 @@ class NgramDrafter:
 
     name = "ngram"
     last_step_ms = None  # proposals cost no forward
+    last_confidences = None  # nor carry a probability
 
     def __init__(self, max_n: int = 3, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n

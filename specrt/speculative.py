@@ -86,7 +86,7 @@ class Speculator:
         # pass are timed for it (choosing k, lookups, sampling and catch-ups are overhead, reported apart).
         cost = self.costs.get(drafter.name) if drafter is not None else None
         if cost is not None:
-            cost.observe(k, n, len(tokens), drafter.last_step_ms, 1000 * forward_s)
+            cost.observe(k, n, len(tokens), drafter.last_step_ms, 1000 * forward_s, drafter.last_confidences)
         elif self.costs:  # a plain step still tells how fast the target runs now (one shared StepCost)
             next(iter(self.costs.values())).target.observe(1, len(tokens), 1000 * forward_s)
         self.last_drafter = drafter.name if drafter is not None else None
@@ -124,7 +124,13 @@ class Speculator:
         if best is None:
             return None, [], []
         _, drafter, k, found = best
-        drafted, q = (found[:k], [None] * k) if found is not None else drafter.propose(tokens, k, self._pick)
+        if found is not None:
+            return drafter, found[:k], [None] * k
+        cost = self.costs.get(drafter.name) if fixed is None else None
+        # Under auto k the chosen k is a ceiling: the draft stops early where its own confidence says the
+        # rest of the round would likely be rejected (a fixed k drafts exactly k).
+        more = (lambda confidences: cost.keep_drafting(confidences, k, len(tokens))) if cost is not None else None
+        drafted, q = drafter.propose(tokens, k, self._pick, more)
         return drafter, drafted, q
 
     @staticmethod

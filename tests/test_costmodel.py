@@ -157,6 +157,33 @@ def test_a_misjudged_draft_cost_is_corrected_by_probes():
     assert m.draft.ms(1, 100) == pytest.approx(20.0, rel=0.05) and m.choose(4, 100) > 0
 
 
+def test_probes_still_happen_when_the_draft_must_catch_up_first():
+    # A misjudged draft (believed 3x slower), and every prompt starts with the draft behind by the prompt
+    # (10 tokens): a probe cannot pay on paper (the paper says the draft is slow), yet must happen while its
+    # catch-up is a small share of the plain decoding time left, or the misjudgement is never corrected.
+    target = {s: 65 * (1 + 0.17 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 20, alpha=0.95)
+    m.draft = StepCost(flat_profile({1: 20, 16: 60}))
+    m.__post_init__()
+    m.draft.ratios["plain"] = 3.0
+    drafted = []
+    for _ in range(3):  # prompts
+        m.start_generation()
+        behind = 10
+        for i in range(250):
+            k = m.choose(4, 100 + i, behind=behind, remaining=250 - i)
+            behind = 1 if k else behind + 1
+            if k:
+                m.observe(k, k, 100 + i, 20.0, target[k + 1])
+            drafted.append(k)
+    assert m.draft.ms(1, 100) == pytest.approx(20.0, rel=0.1)
+    assert sum(k > 0 for k in drafted[-250:]) > 200  # the last prompt drafts nearly throughout
+    m.draft.ratios["plain"] = 3.0
+    m.start_generation()
+    late = [m.choose(4, 100, behind=200 + i, remaining=120 - i) for i in range(100)]
+    assert late == [0] * 100  # a 200-token catch-up is more than 2% of 120 plain steps: no probe
+
+
 def test_draft_step_time_leaves_out_catch_up(zoo):
     from specrt.drafters import ModelDrafter
 
@@ -304,3 +331,60 @@ def test_a_probe_drafts_the_fewest_tokens_that_could_pay():
     assert m.tokens_per_ms(8, 100, 0.95) > m.tokens_per_ms(1, 100, 0.95)
     picks = [m.choose(8, 100) for _ in range(8)]
     assert picks == [0] * 7 + [1]
+
+
+def test_confidence_calibration_learns_per_bucket():
+    from specrt.costmodel import ConfidenceCalibration
+
+    cal = ConfidenceCalibration()
+    assert cal.rate(0.5) == pytest.approx(0.5) and cal.rate(0.97) == pytest.approx(0.97)  # bucket middles at first
+    for _ in range(200):
+        cal.update(0.5, True)  # half-sure drafts of this pair are always right ...
+        cal.update(0.85, False)  # ... and fairly sure ones never
+    assert cal.rate(0.45) > 0.95 and cal.rate(0.85) < 0.05
+    assert cal.rate(0.1) == pytest.approx(0.1)  # a bucket without evidence is untouched
+
+
+def test_an_unsure_draft_token_ends_the_round():
+    # fp32-like target (verify widths nearly free), cheap draft: k = 5 is chosen. After a draft the model
+    # is sure of, drafting goes on; after one it is unsure of (as calibrated), the rest of the round would
+    # likely be wasted and the round is verified as it is.
+    target = {s: 200 * (1 + 0.02 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 18, alpha=0.8)
+    assert m.choose(5, 100) == 5
+    assert m.keep_drafting([0.99], 5, 100) and m.keep_drafting([0.99, 0.97, 0.99], 5, 100)
+    assert not m.keep_drafting([0.99, 0.1], 5, 100)
+    assert not m.keep_drafting([0.99] * 5, 5, 100)  # k reached
+    for _ in range(300):  # this pair's 0.1-sure drafts turn out right after all: drafting goes on past them
+        m.calibration.update(0.1, True)
+    assert m.keep_drafting([0.99, 0.1], 5, 100)
+
+
+def test_rounds_observed_teach_the_calibration_up_to_the_first_rejection():
+    m = model_with({1: 100, 2: 100, 3: 100, 4: 100}, 10, alpha=0.8)
+    before = m.calibration.rate(0.3)
+    for _ in range(50):  # drafts 0 (0.95 sure) accepted, 1 (0.3 sure) rejected, 2 never tested
+        m.observe(3, 1, 100, 10.0, 100.0, [0.95, 0.3, 0.5])
+    assert m.calibration.rate(0.3) < 0.1 < before and m.calibration.rate(0.96) > 0.98
+    assert m.calibration.rate(0.5) == pytest.approx(0.5)
+
+
+def test_model_drafter_stops_when_told_and_reports_its_confidence(zoo):
+    import numpy as np
+
+    from specrt.drafters import ModelDrafter
+
+    session = ModelSession(__import__("specrt").open_bundle(zoo.target()), SessionOptions(allow_spinning=False))
+    drafter = ModelDrafter(session)
+    prompt = list(range(3, 20))
+    greedy = lambda logits: (int(logits.argmax()), None)  # noqa: E731
+    seen = []
+    drafted, _ = drafter.propose(prompt, 6, greedy, lambda conf: seen.append(list(conf)) or len(conf) < 2)
+    assert len(drafted) == 2 and seen == [drafter.last_confidences[:1], drafter.last_confidences]
+    # The confidence is the draft's probability of its token: recompute it from a fresh forward.
+    session.kv.reset()
+    logits = session.forward(prompt, keep=1)[-1].astype(np.float64)
+    p = np.exp(logits - logits.max())
+    assert drafter.last_confidences[0] == pytest.approx(p.max() / p.sum(), rel=1e-5)
+    drafter.keep(len(prompt))
+    assert len(drafter.propose(prompt + drafted[:1], 3, greedy)[0]) == 3  # without `more`: exactly k

@@ -141,7 +141,7 @@ def test_broken_acceptance_rule_is_caught(engine, monkeypatch, mutation):
 
 @pytest.fixture(scope="module")
 def lookup_engines(zoo, engine):
-    from specrt.costmodel import CostModel, StepCost
+    from specrt.costmodel import AcceptanceEstimate, ConfidenceCalibration, CostModel, StepCost
     from specrt.profile import CostProfile
 
     target, draft = engine.target.bundle.path, engine.draft.bundle.path
@@ -151,23 +151,43 @@ def lookup_engines(zoo, engine):
     flat = CostProfile({}, "", [1], [1, 2, 3], [[10.0, 10.5, 11.0]])
     cheap = CostProfile({}, "", [1], [1, 2], [[1.0, 1.0]])
     auto._costs = {"model": CostModel(StepCost(flat, decay=1.0), StepCost(cheap, decay=1.0))}  # frozen
+    # Here a third verify position costs more (t(3) = 12.5) and beliefs are pinned (acceptance 0.7 per
+    # position, calibration = the draft's confidence): k = 2 is chosen every round, and after a first draft
+    # the draft is less than 0.6 sure of, the round stops at one.
+    stops = specrt.load(target, draft)
+    steep = CostProfile({}, "", [1], [1, 2, 3], [[10.0, 10.5, 12.5]])
+    stops._costs = {
+        "model": CostModel(
+            StepCost(steep, decay=1.0),
+            StepCost(cheap, decay=1.0),
+            AcceptanceEstimate(prior=0.7, prior_weight=1e9),
+            ConfidenceCalibration(prior_weight=1e9),
+        )
+    }
     both = specrt.load(target, draft, ngram=True)
     shared = StepCost(flat, decay=1.0)
     both._costs = {"model": CostModel(shared, StepCost(cheap, decay=1.0)), "ngram": CostModel(shared, None)}
     return {
         "auto k": auto,
+        "auto k, early stops": stops,
         "ngram": specrt.load(target, ngram=True),
         "ngram+model": specrt.load(target, draft, ngram=True),
         "ngram+model auto k": both,
     }
 
 
-@pytest.mark.parametrize("variant", ["auto k", "ngram", "ngram+model", "ngram+model auto k"])
-def test_other_drafting_modes_match_target(engine, lookup_engines, variant):
-    """Auto k (the cost model varies k per round), n-gram proposals (one-hot q), and both combined (fixed
-    k: n-gram first; auto k: the drafter promising more tokens per ms)."""
+@pytest.mark.parametrize("variant", ["auto k", "auto k, early stops", "ngram", "ngram+model", "ngram+model auto k"])
+def test_other_drafting_modes_match_target(engine, lookup_engines, variant, monkeypatch):
+    """Auto k (the cost model varies k per round), auto k where the draft's confidence ends rounds early,
+    n-gram proposals (one-hot q), and both combined (fixed k: n-gram first; auto k: the drafter promising
+    more tokens per ms)."""
     k = None if "auto k" in variant else 2
     e = lookup_engines[variant]
+    stopped: list[bool] = []  # per keep_drafting verdict: did the round end there?
+    if variant == "auto k, early stops":
+        cost = e._costs["model"]
+        decide = cost.keep_drafting
+        monkeypatch.setattr(cost, "keep_drafting", lambda *a: stopped.append(not decide(*a)) or not stopped[-1])
     options = GenerationOptions(
         max_new_tokens=NEW, num_draft_tokens=k, max_draft_tokens=2, ignore_eos=True, temperature=1.0
     )
@@ -179,6 +199,8 @@ def test_other_drafting_modes_match_target(engine, lookup_engines, variant):
     assert gen.stats.drafted > 0, gen.stats  # proposals were really made and tested
     if variant == "auto k":
         assert len([k for k in gen.stats.k_histogram if k > 0]) >= 2  # k really varied
+    if variant == "auto k, early stops":  # rounds were cut short by the draft's confidence, and not all
+        assert 0.1 < sum(stopped) / len(stopped) < 0.9, (sum(stopped), len(stopped))
 
 
 def test_target_only_sampling_matches_target(engine):
