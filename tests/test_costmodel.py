@@ -22,7 +22,8 @@ def flat_profile(ms_per_width: dict[int, float]) -> CostProfile:
 def model_with(target: dict[int, float], draft_ms: float | None, alpha: float) -> CostModel:
     acceptance = AcceptanceEstimate(prior=alpha, prior_weight=1e9)  # pinned: no learning in these tests
     draft = StepCost(flat_profile({1: draft_ms, 2: draft_ms})) if draft_ms is not None else None
-    return CostModel(StepCost(flat_profile(target)), draft, acceptance)
+    # plain_every off: these tests are about other decisions (the plain-step check has its own test)
+    return CostModel(StepCost(flat_profile(target)), draft, acceptance, plain_every=None)
 
 
 def test_expected_tokens_matches_leviathan():
@@ -388,3 +389,26 @@ def test_model_drafter_stops_when_told_and_reports_its_confidence(zoo):
     assert drafter.last_confidences[0] == pytest.approx(p.max() / p.sum(), rel=1e-5)
     drafter.keep(len(prompt))
     assert len(drafter.propose(prompt + drafted[:1], 3, greedy)[0]) == 3  # without `more`: exactly k
+
+
+def test_plain_decoding_is_timed_before_betting_against_it():
+    # int4-like pair as measured in one run: profile t(2)/t(1) = 1.17, but in the loop a plain step took 54 ms
+    # and a 2-token verify 87 ms (1.6x), a draft step 33 ms. Drafting from the first round prices plain steps
+    # from verify passes only; one plain round must be timed, and then k = 1 at 97% is seen to lose.
+    target = {1: 65.4, 2: 76.4, 3: 108.7}
+    m = model_with(target, 20, alpha=0.97)
+    m.plain_every = 32
+    ks = []
+    for _ in range(40):
+        k = m.choose(2, 100)
+        ks.append(k)
+        if k:
+            m.observe(k, k, 100, 33.0, 87.0 if k == 1 else 120.0)
+        else:
+            m.target.observe(1, 100, 54.0)
+    assert 0 in ks[:3]  # once drafting promises < 30% with no plain step seen, one is timed
+    assert sum(k > 0 for k in ks[-30:]) <= 4, ks  # after that, only probes draft (1 round in 9)
+    # A 3x bet (fp32-like: verify nearly free, cheap draft) does not wait for a plain step.
+    fp32 = model_with({s: 200 * (1 + 0.02 * (s - 1)) for s in range(1, 10)}, 18, alpha=0.9)
+    fp32.plain_every = 32
+    assert fp32.choose(5, 100) == 5

@@ -147,10 +147,11 @@ def lookup_engines(zoo, engine):
     target, draft = engine.target.bundle.path, engine.draft.bundle.path
     auto = specrt.load(target, draft)
     # The toy draft costs as much as the toy target, so measured costs would (rightly) turn speculation
-    # off; pretend drafting is cheap so that auto k really varies k from round to round.
+    # off; pretend drafting is cheap (costs frozen: decay 1, no plain-step timing) so that auto k really
+    # varies k from round to round.
     flat = CostProfile({}, "", [1], [1, 2, 3], [[10.0, 10.5, 11.0]])
     cheap = CostProfile({}, "", [1], [1, 2], [[1.0, 1.0]])
-    auto._costs = {"model": CostModel(StepCost(flat, decay=1.0), StepCost(cheap, decay=1.0))}  # frozen
+    auto._costs = {"model": CostModel(StepCost(flat, decay=1.0), StepCost(cheap, decay=1.0), plain_every=None)}
     # Here a third verify position costs more (t(3) = 12.5) and beliefs are pinned (acceptance 0.7 per
     # position, calibration = the draft's confidence): k = 2 is chosen every round, and after a first draft
     # the draft is less than 0.6 sure of, the round stops at one.
@@ -162,11 +163,15 @@ def lookup_engines(zoo, engine):
             StepCost(cheap, decay=1.0),
             AcceptanceEstimate(prior=0.7, prior_weight=1e9),
             ConfidenceCalibration(prior_weight=1e9),
+            plain_every=None,
         )
     }
     both = specrt.load(target, draft, ngram=True)
     shared = StepCost(flat, decay=1.0)
-    both._costs = {"model": CostModel(shared, StepCost(cheap, decay=1.0)), "ngram": CostModel(shared, None)}
+    both._costs = {
+        "model": CostModel(shared, StepCost(cheap, decay=1.0), plain_every=None),
+        "ngram": CostModel(shared, None, plain_every=None),
+    }
     return {
         "auto k": auto,
         "auto k, early stops": stops,
