@@ -59,8 +59,10 @@ def engine_options(f):
             ),
             click.option(
                 "--spinning/--no-spinning",
-                default=None,
-                help="ONNX Runtime thread spinning [default: on for a lone target, off with a draft model].",
+                default=True,
+                show_default=True,
+                help="ONNX Runtime threads spin while a run waits for work (with a draft model loaded they stop "
+                "when each run returns, leaving the cores to the other model).",
             ),
         ]
     ):
@@ -249,9 +251,10 @@ def bench(prompts_file, ks, max_new_tokens, repeats, warmup, temperature, seed, 
 @click.option("--threads", type=int, default=0, show_default=True, help="Intra-op threads (0: auto).")
 @click.option(
     "--spinning/--no-spinning",
-    default=False,
+    default=True,
     show_default=True,
-    help="Thread spinning (off matches a target or draft running beside the other model).",
+    help="Threads spin during each run and stop when it returns, as beside a draft model (the setting the "
+    "cost model runs with); --no-spinning matches an engine loaded with --no-spinning.",
 )
 @click.option("--reps", type=int, default=3, show_default=True, help="Timed runs per point (median).")
 def profile(bundle, threads, spinning, reps):
@@ -259,13 +262,14 @@ def profile(bundle, threads, spinning, reps):
     _profile_bundle(bundle, lambda line: click.echo(line, err=True), threads, spinning, reps)
 
 
-def _profile_bundle(bundle: Path, log, threads: int = 0, spinning: bool = False, reps: int = 3) -> None:
+def _profile_bundle(bundle: Path, log, threads: int = 0, spinning: bool = True, reps: int = 3) -> None:
     from .bundle import open_bundle
     from .profile import measure
     from .session import ModelSession, SessionOptions
 
     log(f"profiling {bundle} (step time for 1..16 new tokens at several context lengths) ...")
-    session = ModelSession(open_bundle(bundle), SessionOptions(intra_op_threads=threads, allow_spinning=spinning))
+    options = SessionOptions(intra_op_threads=threads, allow_spinning=spinning, spin_between_runs=False)
+    session = ModelSession(open_bundle(bundle), options)
     prof = measure(session, reps=reps)
     where = prof.save(bundle)
     click.echo(f"cost profile ({prof.settings}), ms per forward; columns: new tokens S")

@@ -54,7 +54,14 @@ def _key(signature: dict) -> str:
 
 
 def _settings(options: SessionOptions) -> str:
-    return f"t{options.intra_op_threads}-{'spin' if options.allow_spinning else 'nospin'}"
+    return f"t{options.intra_op_threads}-{spin_mode(options)}"
+
+
+def spin_mode(options: SessionOptions) -> str:
+    """spin (during and between runs), spin-run (during runs only) or nospin."""
+    if not options.allow_spinning:
+        return "nospin"
+    return "spin" if options.spin_between_runs else "spin-run"
 
 
 @dataclass

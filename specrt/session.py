@@ -29,7 +29,11 @@ class SessionOptions:
     device_id: int = 0
     intra_op_threads: int = 0  # 0: ONNX Runtime's default (one per physical core)
     inter_op_threads: int = 1
-    allow_spinning: bool = True
+    allow_spinning: bool = True  # worker threads spin while waiting for work instead of sleeping
+    # False: they stop spinning as soon as a run returns (ONNX Runtime's session.force_spinning_stop). Two
+    # sessions taking turns on the same cores want that: spinning inside a run keeps its parallel sections
+    # fast, but threads still spinning after it steal the cores from the other session's run.
+    spin_between_runs: bool = True
     graph_optimization: str = "all"  # disable | basic | extended | all
 
     def __post_init__(self) -> None:
@@ -70,6 +74,8 @@ class ModelSession:
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[options.graph_optimization]
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
+        if not options.spin_between_runs:
+            so.add_session_config_entry("session.force_spinning_stop", "1")
         so.log_severity_level = 3
         providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
         try:

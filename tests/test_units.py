@@ -97,3 +97,23 @@ def test_logits_are_written_in_place(zoo):
     ptr = a.ctypes.data
     b = s.forward([4], keep=1)
     assert b.ctypes.data == ptr and np.isfinite(b).all()
+
+
+def test_spinning_stops_between_runs_only_beside_a_draft(zoo):
+    """Two sessions take turns on the same cores: beside a draft, each one's threads must stop spinning when
+    its run returns (spinning on between runs doubled a 2-token verify); a lone target keeps spinning."""
+    import specrt
+    from specrt.profile import _settings
+
+    lone = specrt.load(zoo.target())
+    assert lone.target.options.allow_spinning and lone.target.options.spin_between_runs
+    pair = specrt.load(zoo.target(), zoo.noisy_draft())
+    for session in (pair.target, pair.draft):
+        assert session.options.allow_spinning and not session.options.spin_between_runs
+    assert _settings(pair.target.options) == "t0-spin-run" and _settings(lone.target.options) == "t0-spin"
+    off = specrt.load(zoo.target(), zoo.noisy_draft(), spinning=False)
+    assert not off.draft.options.allow_spinning and _settings(off.target.options) == "t0-nospin"
+    # Greedy output is the same whatever the threads do.
+    ids = [1, 2, 3, 4, 5]
+    opts = specrt.GenerationOptions(max_new_tokens=12, num_draft_tokens=2, ignore_eos=True)
+    assert pair.complete(ids, opts).token_ids == off.complete(ids, opts).token_ids
