@@ -32,11 +32,18 @@ from dataclasses import dataclass, field
 
 @dataclass
 class AcceptanceEstimate:
-    """Per-position conditional acceptance a_i, exponentially weighted (recent rounds count more)."""
+    """Per-position conditional acceptance a_i, exponentially weighted (recent rounds count more).
+
+    Position 1's estimate starts from `prior`; every later position's from the estimate of the position
+    before it, so a position with little evidence follows its neighbours rather than a fixed number. And the
+    past fades once per drafting round at every position, tested or not: evidence at a position that is no
+    longer drafted to does not last for ever. (When it did, one early rejection at position 5 of a code
+    prompt kept a_5 at 0.66 while a_1..a_4 were 0.95; k = 5 then never looked worth it, so position 5 was
+    never drafted again to correct it, and auto k ran at 0.9x of fixed k = 5.)"""
 
     max_k: int = 16
-    decay: float = 0.9  # weight of the past per observation; ~10 rounds of memory
-    prior: float = 0.7  # a_i before any evidence
+    decay: float = 0.9  # weight of the past per drafting round; ~10 rounds of memory
+    prior: float = 0.7  # a_1 before any evidence
     prior_weight: float = 2.0
     _hits: list[float] = field(default_factory=list)
     _trials: list[float] = field(default_factory=list)
@@ -45,15 +52,23 @@ class AcceptanceEstimate:
         self._hits = [0.0] * self.max_k
         self._trials = [0.0] * self.max_k
 
+    def rates(self, k: int) -> list[float]:
+        """[a_1, ..., a_k]: each position's evidence, shrunk towards the estimate of the one before it."""
+        out, prior = [], self.prior
+        for i in range(k):
+            j = min(i, self.max_k - 1)
+            prior = (self._hits[j] + prior * self.prior_weight) / (self._trials[j] + self.prior_weight)
+            out.append(prior)
+        return out
+
     def rate(self, i: int) -> float:
         """a_{i+1}: probability that draft i (0-based) is accepted once drafts 0..i-1 were."""
-        i = min(i, self.max_k - 1)
-        return (self._hits[i] + self.prior * self.prior_weight) / (self._trials[i] + self.prior_weight)
+        return self.rates(i + 1)[-1]
 
     def expected_tokens(self, k: int) -> float:
         total, survive = 1.0, 1.0
-        for i in range(k):
-            survive *= self.rate(i)
+        for a in self.rates(k):
+            survive *= a
             total += survive
         return total
 
@@ -66,10 +81,12 @@ class AcceptanceEstimate:
                 self._trials[i] = weight
 
     def update(self, drafted: int, accepted: int) -> None:
-        """Drafts 0..accepted-1 were accepted; draft `accepted` (if any) was the first rejection."""
-        for i in range(min(drafted, accepted + 1, self.max_k)):
-            self._trials[i] = self.decay * self._trials[i] + 1.0
-            self._hits[i] = self.decay * self._hits[i] + (1.0 if i < accepted else 0.0)
+        """Drafts 0..accepted-1 were accepted; draft `accepted` (if any) was the first rejection; the drafts
+        after it were never tested and teach nothing, but their old evidence fades like everyone's."""
+        tested = min(drafted, accepted + 1, self.max_k)
+        for i in range(self.max_k):
+            self._trials[i] = self.decay * self._trials[i] + (1.0 if i < tested else 0.0)
+            self._hits[i] = self.decay * self._hits[i] + (1.0 if i < min(tested, accepted) else 0.0)
 
 
 @dataclass
@@ -282,8 +299,9 @@ class CostModel:
             expected += survive
         step = self.draft.ms(1, context)
         now = expected / (j * step + self.target.ms(j + 1, context))
+        rates = self.acceptance.rates(k)
         for m in range(j + 1, k + 1):
-            survive *= self.acceptance.rate(m - 1)
+            survive *= rates[m - 1]
             expected += survive
             if expected / (m * step + self.target.ms(m + 1, context)) > now:
                 return True

@@ -63,8 +63,28 @@ def test_acceptance_learns_per_position():
     assert a.rate(0) > 0.95 and a.rate(3) > 0.95
     for _ in range(30):
         a.update(drafted=4, accepted=1)  # first accepted, second rejected; 3rd and 4th never tested
-    assert a.rate(0) > 0.9 and a.rate(1) < 0.1
-    assert a.rate(3) > 0.5  # untested positions keep their older evidence
+    assert a.rate(0) > 0.9 and a.rate(1) < 0.2
+    # Untested positions' old evidence (all accepted) has faded: they follow the position before them.
+    assert a.rate(3) < 0.6  # was > 0.95, where it stayed when evidence never faded
+
+
+def test_a_position_no_longer_drafted_to_is_not_stuck_with_old_evidence():
+    """One early rejection at position 5 must not keep k below 5 for good: with the evidence kept for ever,
+    a_5 stayed at 0.66 while a_1..a_4 were 0.95, so k = 5 never looked worth drafting to correct it (traced
+    on the fp32 pair: auto k drafted 4 a round at 99% acceptance, 0.9x of fixed k = 5)."""
+    target = {s: 180 + (6 if s <= 6 else 60) * (s - 1) for s in range(1, 10)}  # fp32-like, a tile jump at 7
+    m = model_with(target, 15, alpha=0.7)
+    m.acceptance.prior_weight = 2.0  # learnable
+    m.acceptance.update(5, 4)  # round 1: four accepted, the fifth rejected
+    for _ in range(25):
+        k = m.choose(5, 100)
+        m.acceptance.update(k, k)  # then the code prompt accepts everything drafted
+    assert k == 5 and m.acceptance.rate(4) > 0.85
+    # A position never tested starts from its neighbour's estimate, not from the fixed prior.
+    fresh = AcceptanceEstimate(prior=0.7, prior_weight=2.0)
+    for _ in range(10):
+        fresh.update(2, 2)
+    assert fresh.rate(5) == pytest.approx(fresh.rate(1)) and fresh.rate(5) > 0.9
 
 
 def test_step_cost_rescales_to_live_timings():
