@@ -107,8 +107,9 @@ def build_graph(
     quant: Quantization,
     out_dir: Path,
     progress: Progress,
-) -> GraphSpec:
-    """Write model.onnx and model.onnx.data into `out_dir`; return the names the manifest records."""
+) -> tuple[GraphSpec, str]:
+    """Write model.onnx and model.onnx.data into `out_dir`; return the names the manifest records and the
+    SHA-256 of the weights file (hashed as it was written)."""
     from onnx import helper, save_model
 
     g = GraphSpec(opset=OPSET)
@@ -132,7 +133,7 @@ def build_graph(
     )
     model.ir_version = 9
     save_model(model, str(out_dir / g.model_file))
-    return g
+    return g, data.sha256
 
 
 class _Decoder:

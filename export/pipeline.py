@@ -6,12 +6,16 @@ so a half-built folder is never mistaken for a bundle.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import ExportError, UnsupportedModelError
+from ..integrity import record
 from ..manifest import MANIFEST_FILE, ROLES, Architecture, Manifest, Quantization, Source
+from ..profile import PROFILE_DIR
+from ..tokenizer import TOKENIZER_FILE
 from .archs import ArchSpec, lookup
 from .progress import Progress
 from .source import Checkpoint, open_checkpoint
@@ -140,12 +144,13 @@ def _prepare_out(out: Path, model_path: Path, overwrite: bool) -> None:
         present = {p.name for p in out.iterdir()}
         if MANIFEST_FILE in present and not overwrite:
             raise ExportError(f"{out} already holds a bundle; pass --overwrite to replace it")
-        foreign = present - set(_BUNDLE_FILES) - {MANIFEST_FILE + ".tmp"}
+        foreign = present - set(_BUNDLE_FILES) - {MANIFEST_FILE + ".tmp", PROFILE_DIR}
         if foreign:
             raise ExportError(
                 f"{out} holds other files ({', '.join(sorted(foreign)[:3])}); export into an empty folder"
             )
         (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is no longer a bundle until we finish
+        shutil.rmtree(out / PROFILE_DIR, ignore_errors=True)  # timings of the graph being replaced
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -180,7 +185,7 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
             tokenizer = ckpt.save_tokenizer(out)
         quant = options.quantization()
         with progress.stage(f"building the graph ({arch.num_layers} layers, {quant.method})"):
-            graph = build_graph(ckpt, spec, arch, max_seq_len, quant, out, progress)
+            graph, weights_sha256 = build_graph(ckpt, spec, arch, max_seq_len, quant, out, progress)
         manifest = Manifest(
             name=options.name or (ckpt.path.stem if ckpt.path.is_file() else ckpt.path.name),
             role=options.role,
@@ -204,6 +209,11 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
             with progress.stage("validating against PyTorch"):
                 v = validate(ckpt, out, manifest, gated=quant.method == "none", progress=progress)
             manifest = replace(manifest, validation=v)
+        # Last: what each file is, so the runtime can tell a changed file from the exported one.
+        files = [record(out, graph.model_file, "graph"), record(out, graph.data_file, "weights", weights_sha256)]
+        kinds = {TOKENIZER_FILE: "tokenizer", tokenizer.chat_template: "chat_template"}
+        files += [record(out, name, kinds[name]) for name in tokenizer.files]
+        manifest = replace(manifest, files=files)
         manifest.write(out)
     except BaseException:
         (out / MANIFEST_FILE).unlink(missing_ok=True)

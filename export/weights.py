@@ -7,6 +7,7 @@ the model. Quantization calls ONNX Runtime's own block quantizer (the C++ kernel
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,15 @@ class ExternalData:
         self.path = path
         self._file = open(path, "wb")  # noqa: SIM115 - closed in close()
         self.offset = 0
+        self._digest = hashlib.sha256()  # of everything written: the manifest records it (no second read)
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self._file.write(data)
+        self._digest.update(data)
+
+    @property
+    def sha256(self) -> str:
+        return self._digest.hexdigest()
 
     def tensor(self, name: str, array: np.ndarray) -> Any:
         """A TensorProto for `array`: inline when tiny, otherwise appended to the data file."""
@@ -31,9 +41,9 @@ class ExternalData:
             return numpy_helper.from_array(array, name)
         pad = -self.offset % (ALIGN if array.nbytes >= ALIGN else 64)
         if pad:
-            self._file.write(b"\0" * pad)
+            self._write(b"\0" * pad)
             self.offset += pad
-        self._file.write(memoryview(array).cast("B"))  # no bytes copy of large tensors
+        self._write(memoryview(array).cast("B"))  # no bytes copy of large tensors
         proto = TensorProto()
         proto.name = name
         proto.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)

@@ -8,6 +8,7 @@ from .api import Engine, load
 from .bundle import Bundle, open_bundle
 from .errors import (
     BundleError,
+    EngineBusyError,
     ExportError,
     IncompatibleModelsError,
     OptionsError,
@@ -30,6 +31,7 @@ __all__ = [
     "Bundle",
     "BundleError",
     "Engine",
+    "EngineBusyError",
     "ExportError",
     "Generation",
     "GenerationOptions",

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import OptionsError, SpecrtError
+from .errors import BundleError, OptionsError, PromptError, SpecrtError
 
 PathType = click.Path(path_type=Path)
 
@@ -131,7 +131,13 @@ def export(model, out, quiet, profile, **kw):
 @cli.command()
 @engine_options
 @click.option("--prompt", default=None, help="Prompt text.")
-@click.option("--prompt-file", type=click.File("r", encoding="utf-8"), default=None, help="Prompt file ('-': stdin).")
+@click.option("--prompt-file", type=PathType, default=None, help="Prompt file ('-': stdin).")
+@click.option(
+    "--prompt-encoding",
+    default="utf-8",
+    show_default=True,
+    help="Text encoding of --prompt-file (any Python codec name, e.g. latin-1, utf-16).",
+)
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user turn with the bundle's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
@@ -158,7 +164,7 @@ def export(model, out, quiet, profile, **kw):
     help="Then time target-only and speculative decoding again, both warm, and print the speedup (stderr).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
-def generate(prompt, prompt_file, chat, system, stream, stats, compare, as_json, **kw):
+def generate(prompt, prompt_file, prompt_encoding, chat, system, stream, stats, compare, as_json, **kw):
     """Generate text with a target bundle, speculatively when a draft is given."""
     from .options import GenerationOptions
 
@@ -166,7 +172,7 @@ def generate(prompt, prompt_file, chat, system, stream, stats, compare, as_json,
         raise click.UsageError("give exactly one of --prompt or --prompt-file")
     if compare and not kw["drafts"]:
         raise click.UsageError("--compare needs --draft (it compares speculative with target-only decoding)")
-    text = prompt if prompt is not None else prompt_file.read()
+    text = prompt if prompt is not None else read_prompt_file(prompt_file, prompt_encoding)
     engine = _load(kw)
     options = GenerationOptions(**kw)
     gen = engine.generate(text, options, chat=chat, system=system)
@@ -206,6 +212,30 @@ def generate(prompt, prompt_file, chat, system, stream, stats, compare, as_json,
             f"speculative {fast:.2f} tok/s vs target-only {slow:.2f} tok/s: {fast / slow:.2f}x speedup; outputs {same}",
             err=True,
         )
+
+
+def read_prompt_file(path: Path, encoding: str) -> str:
+    """The prompt file's text; undecodable bytes are an error naming the file and the byte offset."""
+    import codecs
+
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise OptionsError(
+            f"--prompt-encoding {encoding!r} is not a known text encoding; try utf-8 or latin-1"
+        ) from None
+    name = "standard input" if str(path) == "-" else str(path)
+    try:
+        data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+    except OSError as e:
+        raise OptionsError(f"--prompt-file {name}: cannot read it ({e.strerror or e}); check the path") from None
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise PromptError(
+            f"--prompt-file {name} is not valid {encoding}: byte 0x{data[e.start]:02x} at offset {e.start} "
+            f"({e.reason}); convert the file, or name its encoding with --prompt-encoding (e.g. latin-1)"
+        ) from None
 
 
 @cli.command()
@@ -296,11 +326,47 @@ def _profile_bundle(bundle: Path, log, threads: int = 0, spinning: bool = True, 
 @click.argument("bundle", type=PathType)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
 def inspect(bundle, as_json):
-    """Show a bundle's manifest in readable form."""
+    """Show a bundle's manifest in readable form (file sizes and the small files' hashes are checked)."""
     from .bundle import open_bundle
 
     b = open_bundle(bundle)
     click.echo(json.dumps(b.manifest.to_dict(), indent=2) if as_json else _describe(b.path, b.manifest))
+
+
+@cli.command()
+@click.argument("bundle", type=PathType)
+def verify(bundle):
+    """Check every file of a bundle against its manifest: sizes and SHA-256, weights included."""
+    import time
+
+    from .bundle import read_manifest
+    from .integrity import check_files
+
+    folder, manifest = read_manifest(bundle)  # in range, every name inside the folder
+    t0 = time.perf_counter()
+    checks = check_files(folder, manifest.files, full=True, stop_at_first=False)
+    total = time.perf_counter() - t0
+    width = max(len(c.record.name) for c in checks)
+    for c in checks:
+        status = "ok" if c.ok else ("MISSING" if c.found_size is None else "MISMATCH")
+        click.echo(
+            f"{c.record.name:<{width}}  {c.record.kind:<13} {_size(c.record.size):>10}  "
+            f"sha256 {c.record.sha256[:16]}  {status}  ({c.seconds:.2f} s)"
+        )
+    bad = [c for c in checks if not c.ok]
+    click.echo(
+        f"{len(checks) - len(bad)} of {len(checks)} files match {folder / 'manifest.json'}, hashed in {total:.2f} s"
+    )
+    if bad:
+        more = f" ({len(bad) - 1} more files differ)" if len(bad) > 1 else ""
+        raise BundleError(bad[0].problem(folder) + more)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def _describe(path: Path, m) -> str:
@@ -349,8 +415,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
-    except click.ClickException as e:
-        e.show()
+    except click.ClickException as e:  # bad flags and values: one line, like every other error
+        hint = ""
+        if isinstance(e, click.UsageError) and e.ctx is not None:
+            hint = f" (see {e.ctx.command_path} --help)"
+        click.echo(f"error: {e.format_message()}{hint}", err=True)
         sys.exit(2)
     except SpecrtError as e:
         if _debug():

@@ -31,6 +31,10 @@ class PromptError(SpecrtError):
     """A prompt is empty or does not fit the bundle."""
 
 
+class EngineBusyError(SpecrtError):
+    """An Engine runs one generation at a time; another is still in progress."""
+
+
 class ExportError(SpecrtError):
     """An export could not be done; no bundle was written."""
 

@@ -7,10 +7,11 @@ detokenization and stop strings. Neither does any model maths; that is `speculat
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
-from .errors import PromptError
+from .errors import EngineBusyError, PromptError
 from .options import GenerationOptions
 from .speculative import Speculator
 from .stats import Stats
@@ -82,7 +83,9 @@ class Generation:
     stops it early with finish_reason "cancelled".
     """
 
-    def __init__(self, spec: Speculator, tokenizer: Tokenizer, prompt_ids: list[int]):
+    def __init__(
+        self, spec: Speculator, tokenizer: Tokenizer, prompt_ids: list[int], turn: threading.Lock | None = None
+    ):
         self.prompt_ids = list(prompt_ids)
         self.token_ids: list[int] = []
         self.text = ""
@@ -90,6 +93,7 @@ class Generation:
         self._spec = spec
         self._tokenizer = tokenizer
         self._started = False
+        self._turn = turn or threading.Lock()
 
     @property
     def finish_reason(self) -> str | None:
@@ -102,6 +106,17 @@ class Generation:
         return self._run()
 
     def _run(self) -> Iterator[str]:
+        if not self._turn.acquire(blocking=False):
+            raise EngineBusyError(
+                "this engine is running another generation; finish or close() it first, or load one Engine "
+                "per concurrent generation"
+            )
+        try:
+            yield from self._generate()
+        finally:
+            self._turn.release()
+
+    def _generate(self) -> Iterator[str]:
         opts = self._spec.options
         detok = self._tokenizer.stream_decoder(self.prompt_ids)
         stops = opts.stop

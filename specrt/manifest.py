@@ -3,15 +3,18 @@
 `manifest.json` describes everything the runtime needs to run a bundle: architecture figures, the graph's
 input/output names, the KV buffer layout, quantization, tokenizer and generation defaults, plus provenance
 (source weights hash, tool versions) and the validation figures measured at export. The exporter writes it
-last, so a folder without a readable manifest is not a bundle. This module only (de)serialises and checks
-the schema; it knows nothing about ONNX Runtime or tokenizers.
+last, so a folder without a readable manifest is not a bundle. This module only (de)serialises it and checks
+its schema and the ranges of its values; whether the files match it is integrity.py's job, and it knows
+nothing about ONNX Runtime or tokenizers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,10 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BundleError, SchemaVersionError
+from .integrity import KINDS, FileRecord, check_name
+from .tokenizer import TOKENIZER_FILE
 
-SCHEMA_VERSION = 1
+# 2: `files` records every file's size and SHA-256 (integrity checks at load). Version 1 bundles are refused
+# with the command that re-exports them: they cannot prove their files are the ones exported.
+SCHEMA_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 ROLES = ("target", "draft")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+QUANT_BITS = {"none": None, "int8": 8, "int4": 4}
+MAX_LAYERS = 4096
+MAX_MANIFEST_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,7 @@ class Manifest:
     tokenizer: TokenizerSpec
     versions: dict[str, str]
     validation: Validation | None = None
+    files: list[FileRecord] = field(default_factory=list)  # every file of the bundle but the manifest itself
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,14 +157,10 @@ class Manifest:
         if not isinstance(data, dict):
             raise BundleError(f"{where}: expected a JSON object; re-export the bundle")
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{where}: manifest schema version {version!r} is not supported by this specrt "
-                f"(reads version {SCHEMA_VERSION}); re-export the bundle with this specrt version"
-            )
+        if not (type(version) is int and version == SCHEMA_VERSION):
+            raise SchemaVersionError(_version_message(data, where))
         manifest = _build(cls, data, where)
-        if manifest.role not in ROLES:
-            raise BundleError(f"{where}: role {manifest.role!r} is not one of {', '.join(ROLES)}")
+        _check(manifest, where)
         return manifest
 
     def write(self, folder: str | os.PathLike) -> Path:
@@ -171,11 +179,95 @@ class Manifest:
                 f"{folder}: no {MANIFEST_FILE}, so this is not a finished bundle; "
                 "build one with `specrt export --model PATH --role target|draft --out DIR`"
             )
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise BundleError(f"{path}: {path.stat().st_size} bytes is not a manifest (at most 16 MiB); re-export")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise BundleError(f"{path}: not valid JSON ({e}); re-export the bundle") from None
+        except (ValueError, RecursionError) as e:  # bad UTF-8, bad JSON, absurd nesting or number lengths
+            raise BundleError(f"{path}: not valid JSON ({_first_line(e)}); re-export the bundle") from None
         return cls.from_dict(data, where=str(path))
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def _version_message(data: dict, where: str) -> str:
+    version = data.get("schema_version")
+    message = f"{where}: manifest schema version {version!r} is not supported by this specrt (reads version "
+    message += f"{SCHEMA_VERSION}); "
+    if type(version) is int and 0 < version < SCHEMA_VERSION:
+        # An older bundle: say exactly how to rebuild it, from what its manifest says it was built from.
+        source, role = data.get("source"), data.get("role")
+        quant = data.get("quantization") if isinstance(data.get("quantization"), dict) else {}
+        model = source.get("path") if isinstance(source, dict) else None
+        folder = Path(where).parent
+        if isinstance(model, str) and role in ROLES:
+            q = quant.get("method", "none")
+            return message + (
+                "its files carry no integrity record; re-export it: specrt export --model "
+                f"{model} --role {role} --quant {q if q in QUANT_BITS else 'none'} --out {folder} --overwrite"
+            )
+        return message + "its files carry no integrity record; re-export it with `specrt export ... --overwrite`"
+    return message + "re-export the bundle with this specrt version"
+
+
+def _check(m: Manifest, where: str) -> None:
+    """Values the runtime relies on, in range: a manifest that passes can be loaded without surprises."""
+    a, q, t = m.architecture, m.quantization, m.tokenizer
+
+    def need(ok: bool, what: str, value: Any, expected: str) -> None:
+        if not ok:
+            raise BundleError(f"{where}: {what} must be {expected}, got {value!r}; re-export the bundle")
+
+    need(m.role in ROLES, "role", m.role, " or ".join(ROLES))
+    need(1 <= a.num_layers <= MAX_LAYERS, "architecture.num_layers", a.num_layers, f"in 1..{MAX_LAYERS}")
+    for name in ("num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size", "vocab_size"):
+        need(getattr(a, name) >= 1, f"architecture.{name}", getattr(a, name), ">= 1")
+    need(a.num_heads % a.num_kv_heads == 0, "architecture.num_heads", a.num_heads, "a multiple of num_kv_heads")
+    for name in ("rms_norm_eps", "rope_theta"):
+        value = getattr(a, name)
+        need(math.isfinite(value) and value > 0, f"architecture.{name}", value, "a finite number > 0")
+    need(a.sliding_window is None or a.sliding_window >= 1, "architecture.sliding_window", a.sliding_window, ">= 1")
+    need(m.max_seq_len >= 2, "max_seq_len", m.max_seq_len, ">= 2")
+    need(m.dtype == "fp32", "dtype", m.dtype, "'fp32'")
+    need(m.graph.kv_dtype == "float32", "graph.kv_dtype", m.graph.kv_dtype, "'float32'")
+    need(q.method in QUANT_BITS, "quantization.method", q.method, " or ".join(QUANT_BITS))
+    need(q.bits == QUANT_BITS.get(q.method), "quantization.bits", q.bits, f"{QUANT_BITS.get(q.method)} for {q.method}")
+    for name in ("model_file", "data_file", "input_ids", "seqlens_k", "total_sequence_length", "logits"):
+        need(bool(getattr(m.graph, name)), f"graph.{name}", getattr(m.graph, name), "a non-empty name")
+    for name in ("past_key", "past_value", "present_key", "present_value"):
+        template = getattr(m.graph, name)
+        try:
+            ok = template.format(layer=0) != template.format(layer=1)
+        except (KeyError, IndexError, ValueError, AttributeError):
+            ok = False
+        need(ok, f"graph.{name}", template, "a name template with {layer}")
+    ids = [*t.eos_token_ids, *(i for i in (t.bos_token_id, t.pad_token_id) if i is not None)]
+    for token_id in ids:
+        need(0 <= token_id < a.vocab_size, "a tokenizer special token id", token_id, f"in [0, {a.vocab_size})")
+    named = {"graph.model_file": m.graph.model_file, "graph.data_file": m.graph.data_file}
+    named.update({f"tokenizer.files[{i}]": name for i, name in enumerate(t.files)})
+    named.update({"tokenizer.chat_template": t.chat_template} if t.chat_template else {})
+    named.update({f"files[{i}].name": f.name for i, f in enumerate(m.files)})
+    for what, name in named.items():
+        check_name(name, what, where)
+    names = [f.name for f in m.files]
+    need(len(set(names)) == len(names), "files", names, "a list of distinct file names")
+    for f in m.files:
+        need(f.kind in KINDS, f"files[{f.name!r}].kind", f.kind, " or ".join(KINDS))
+        need(f.size >= 0, f"files[{f.name!r}].size", f.size, ">= 0")
+        need(_HEX64.fullmatch(f.sha256) is not None, f"files[{f.name!r}].sha256", f.sha256, "64 hex digits")
+    needed = {m.graph.model_file: "graph", m.graph.data_file: "weights", TOKENIZER_FILE: "tokenizer"}
+    if t.chat_template:
+        needed[t.chat_template] = "chat_template"
+    recorded = {f.name: f.kind for f in m.files}
+    for name, kind in needed.items():
+        if recorded.get(name) != kind:
+            raise BundleError(
+                f"{where}: files holds no record of {name!r} as the {kind} file (it records "
+                f"{', '.join(sorted(recorded)) or 'nothing'}); re-export the bundle"
+            )
 
 
 def _build(cls: type, data: Any, where: str) -> Any:

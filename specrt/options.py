@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .errors import OptionsError
+
+_STOP = "a string or a list of non-empty strings"
 
 
 @dataclass(frozen=True)
@@ -22,11 +25,11 @@ class GenerationOptions:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             object.__setattr__(self, "stop", tuple(self.stop))
         checks = [
             ("max_new_tokens", _is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
-            ("temperature", _is_num(self.temperature) and self.temperature >= 0, ">= 0 (0 means greedy)"),
+            ("temperature", _is_num(self.temperature) and self.temperature >= 0, "a finite number >= 0 (0: greedy)"),
             ("top_k", _is_int(self.top_k) and self.top_k >= 0, "an integer >= 0 (0 disables it)"),
             ("top_p", _is_num(self.top_p) and 0 < self.top_p <= 1, "in (0, 1] (1 disables it)"),
             ("seed", self.seed is None or _is_int(self.seed) and self.seed >= 0, "an integer >= 0"),
@@ -36,7 +39,8 @@ class GenerationOptions:
                 "'auto' (None) or an integer in 0..64 (0 turns speculation off)",
             ),
             ("max_draft_tokens", _is_int(self.max_draft_tokens) and 1 <= self.max_draft_tokens <= 64, "in 1..64"),
-            ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
+            ("stop", isinstance(self.stop, tuple) and all(isinstance(s, str) and s for s in self.stop), _STOP),
+            ("ignore_eos", isinstance(self.ignore_eos, bool), "True or False"),
         ]
         for name, ok, expected in checks:
             if not ok:
@@ -52,4 +56,10 @@ def _is_int(x: object) -> bool:
 
 
 def _is_num(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+    """A real number, finite: NaN and the infinities are refused (an infinite temperature is no setting)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond any float
+        return False

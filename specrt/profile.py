@@ -122,10 +122,34 @@ def load_profile(bundle: Path, options: SessionOptions) -> CostProfile | None:
     for path in candidates:
         if path.is_file():
             try:
-                return CostProfile(**json.loads(path.read_text()))
-            except (ValueError, TypeError):
+                profile = CostProfile(**json.loads(path.read_text()))
+            except (ValueError, TypeError, RecursionError):
                 continue
+            if _well_formed(profile):  # a damaged or hand-edited profile is as good as none
+                return profile
     return None
+
+
+def _well_formed(p: CostProfile) -> bool:
+    def ascending(xs, low):
+        return isinstance(xs, list) and xs and all(type(x) is int and x >= low for x in xs) and xs == sorted(set(xs))
+
+    def times(row):
+        return (
+            isinstance(row, list)
+            and len(row) == len(p.widths)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e7 for v in row)
+        )
+
+    return (
+        isinstance(p.machine, dict)
+        and isinstance(p.settings, str)
+        and ascending(p.contexts, 0)
+        and ascending(p.widths, 1)
+        and isinstance(p.ms, list)
+        and len(p.ms) == len(p.contexts)
+        and all(times(row) for row in p.ms)
+    )
 
 
 def measure(

@@ -16,12 +16,14 @@ def warp(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 
     top_k keeps the k most likely tokens (0: all); top_p keeps the smallest most-likely set whose mass
     reaches top_p (the token that crosses the threshold is kept, so at least one token always is).
     """
-    x = np.asarray(logits, dtype=np.float64) / temperature
+    x = np.asarray(logits, dtype=np.float64)
+    # The maximum goes first: (x - max) <= 0 divided by any temperature > 0 stays finite or -inf, where
+    # x / T with a tiny T would overflow to inf and inf - inf is NaN.
+    x = (x - x.max(axis=-1, keepdims=True)) / temperature
     vocab = x.shape[-1]
     if 0 < top_k < vocab:
         kth = np.partition(x, vocab - top_k, axis=-1)[..., vocab - top_k, None]
         x = np.where(x < kth, -np.inf, x)
-    x = x - x.max(axis=-1, keepdims=True)
     p = np.exp(x)
     p /= p.sum(axis=-1, keepdims=True)
     if top_p < 1.0:

@@ -88,15 +88,22 @@ class ModelSession:
         self._check_io()
 
         arch = m.architecture
-        self.kv = KVCache(
-            arch.num_layers,
-            arch.num_kv_heads,
-            m.max_seq_len,
-            arch.head_dim,
-            np.float32,
-            options.device,
-            options.device_id,
-        )
+        try:
+            self.kv = KVCache(
+                arch.num_layers,
+                arch.num_kv_heads,
+                m.max_seq_len,
+                arch.head_dim,
+                np.float32,
+                options.device,
+                options.device_id,
+            )
+        except (MemoryError, ValueError) as e:
+            need = 8 * arch.num_layers * arch.num_kv_heads * m.max_seq_len * arch.head_dim / 2**30
+            raise BundleError(
+                f"{bundle.path}: cannot allocate the KV buffers ({need:.1f} GiB for max_seq_len {m.max_seq_len}: "
+                f"{type(e).__name__}); re-export with a smaller --max-seq-len"
+            ) from None
         self._io = self.session.io_binding()
         for layer, (key, value) in enumerate(self.kv.layers):
             past_k, past_v, present_k, present_v = g.kv_names(layer)
@@ -113,21 +120,39 @@ class ModelSession:
         return self.kv.max_len
 
     def _check_io(self) -> None:
-        g, n = self.graph, self.bundle.manifest.architecture.num_layers
-        have_in = {i.name for i in self.session.get_inputs()}
-        have_out = {o.name for o in self.session.get_outputs()}
+        """The graph must have exactly the inputs and outputs the manifest describes, with the KV buffer and
+        logits shapes it states: the runtime sizes buffers from the manifest, so a disagreement would
+        otherwise surface as a failed run in the middle of a generation."""
+        m, g = self.bundle.manifest, self.graph
+        a = m.architecture
+        inputs = {i.name: i.shape for i in self.session.get_inputs()}
+        outputs = {o.name: o.shape for o in self.session.get_outputs()}
         want_in = {g.input_ids, g.seqlens_k, g.total_sequence_length, g.logits_to_keep}
         want_out = {g.logits}
-        for layer in range(n):
+        for layer in range(a.num_layers):
             pk, pv, ok, ov = g.kv_names(layer)
             want_in |= {pk, pv}
             want_out |= {ok, ov}
-        missing = sorted(want_in - have_in) + sorted(want_out - have_out)
+        where = self.bundle.model_path
+        missing = sorted(want_in - inputs.keys()) + sorted(want_out - outputs.keys())
         if missing:
             raise BundleError(
-                f"{self.bundle.model_path}: graph lacks {', '.join(missing[:4])} named by the manifest; "
-                "re-export the bundle"
+                f"{where}: graph lacks {', '.join(missing[:4])} named by the manifest; re-export the bundle"
             )
+        extra = sorted(inputs.keys() - want_in)
+        if extra:
+            raise BundleError(
+                f"{where}: graph has inputs the manifest does not describe ({', '.join(extra[:4])}; the manifest "
+                f"says {a.num_layers} layers); re-export the bundle"
+            )
+        kv = [a.num_kv_heads, m.max_seq_len, a.head_dim]
+        found = {"KV buffer": (inputs[g.kv_names(0)[0]][1:], kv), "logits": (outputs[g.logits][-1:], [a.vocab_size])}
+        for what, (shape, expected) in found.items():
+            if list(shape) != expected:
+                raise BundleError(
+                    f"{where}: the graph's {what} dimensions are {list(shape)} but the manifest says {expected} "
+                    "(kv_heads, max_seq_len, head_dim / vocab_size); re-export the bundle"
+                )
 
     def _logits_buffer(self, keep: int) -> np.ndarray:
         # One preallocated host buffer per width: ORT writes logits straight into it, no extra copy.

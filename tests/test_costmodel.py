@@ -127,6 +127,11 @@ def test_profile_round_trip_and_machine_key(zoo, tmp_path):
     path.unlink()
     (path.parent / "other-t0-nospin.json").write_text(json.dumps(data))
     assert load_profile(bundle, SessionOptions(allow_spinning=False)) is None
+    # A damaged profile counts as none (it is a measurement, not part of the contract).
+    (path.parent / "other-t0-nospin.json").unlink()
+    for damage in ({"ms": [[1.0]]}, {"widths": [2, 1, 4]}, {"contexts": "64"}, {"ms": [[float("nan")] * 3] * 2}):
+        path.write_text(json.dumps({**json.loads(json.dumps(prof.__dict__)), **damage}))
+        assert load_profile(bundle, SessionOptions(allow_spinning=False)) is None, damage
     # Interpolation in context and extrapolation in width.
     assert prof(1, 16) == prof.ms[0][0] and prof(2, 64) == prof.ms[1][1]
     assert min(prof.ms[0][1], prof.ms[1][1]) <= prof(2, 40) <= max(prof.ms[0][1], prof.ms[1][1])

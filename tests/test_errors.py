@@ -52,9 +52,24 @@ def test_empty_bundle_folder(capsys, tmp_path):
     assert_one_line_error(code, err, "no manifest.json", "specrt export")
 
 
+def _rerecord(bundle, name):
+    """Make the manifest's file record agree with a changed file (so the next check down the line is hit)."""
+    from specrt.integrity import sha256_file
+
+    path = bundle / name
+
+    def edit(m):
+        next(f for f in m["files"] if f["name"] == name).update(size=path.stat().st_size, sha256=sha256_file(path))
+
+    _edit_manifest(bundle, edit)
+
+
 def test_corrupt_model_file(capsys, zoo, tmp_path):
     bundle = _copy(zoo.target(), tmp_path)
     (bundle / "model.onnx").write_bytes(b"this is not a protobuf" * 10)
+    code, _, err = run_cli(capsys, *gen_args(bundle))
+    assert_one_line_error(code, err, "model.onnx", "has 220 bytes but the manifest records", "re-export")
+    _rerecord(bundle, "model.onnx")  # a manifest that vouches for the broken graph: ONNX Runtime refuses it
     code, _, err = run_cli(capsys, *gen_args(bundle))
     assert_one_line_error(code, err, "model.onnx", "cannot load the graph", "re-export")
 
@@ -63,14 +78,17 @@ def test_missing_weights_file(capsys, zoo, tmp_path):
     bundle = _copy(zoo.target(), tmp_path)
     (bundle / "model.onnx.data").unlink()
     code, _, err = run_cli(capsys, *gen_args(bundle))
-    assert_one_line_error(code, err, "missing model.onnx.data")
+    assert_one_line_error(code, err, "model.onnx.data is missing", "re-export")
 
 
 def test_unknown_schema_version(capsys, zoo, tmp_path):
     bundle = _copy(zoo.target(), tmp_path)
     _edit_manifest(bundle, lambda m: m.update(schema_version=99))
     code, _, err = run_cli(capsys, *gen_args(bundle))
-    assert_one_line_error(code, err, "schema version 99 is not supported", "reads version 1")
+    assert_one_line_error(code, err, "schema version 99 is not supported", "reads version 2")
+    _edit_manifest(bundle, lambda m: m.update(schema_version=True))  # JSON true is not 1
+    code, _, err = run_cli(capsys, *gen_args(bundle))
+    assert_one_line_error(code, err, "schema version True is not supported")
 
 
 def test_manifest_missing_field_and_bad_json(capsys, zoo, tmp_path):
@@ -84,10 +102,21 @@ def test_manifest_missing_field_and_bad_json(capsys, zoo, tmp_path):
 
 
 def test_mismatched_tokenizers(capsys, zoo, tmp_path):
+    # A draft from another tokenizer (same size, different merges), consistent with its own manifest.
+    zoo.tokenizer(320)
+    other = tmp_path / "other-tokenizer"
+    from specrt.export.tiny import CORPUS, make_tokenizer
+
+    CORPUS.append("entirely different text shifts the learned merges " * 3)
+    try:
+        make_tokenizer(other, 320)
+    finally:
+        CORPUS.pop()
     draft = _copy(zoo.noisy_draft(), tmp_path)
-    _edit_manifest(draft, lambda m: m["tokenizer"].update(sha256="0" * 64))
+    shutil.copy(other / "tokenizer.json", draft / "tokenizer.json")
+    _rerecord(draft, "tokenizer.json")
     code, _, err = run_cli(capsys, *gen_args(zoo.target(), "--draft", draft))
-    assert_one_line_error(code, err, "tokenizers differ", "000000000000", "target")
+    assert_one_line_error(code, err, "tokenizers differ", "maps token ids as", "target", "same tokenizer")
     with pytest.raises(specrt.IncompatibleModelsError):
         specrt.load(zoo.target(), draft)
 
@@ -113,7 +142,11 @@ def test_empty_prompt(capsys, zoo):
 @pytest.mark.parametrize(
     "flag,value,needle",
     [
-        ("--temperature", "-1", "temperature must be >= 0"),
+        ("--temperature", "-1", "temperature must be a finite number >= 0"),
+        ("--temperature", "nan", "temperature must be a finite number >= 0"),
+        ("--temperature", "inf", "temperature must be a finite number >= 0"),
+        ("--top-p", "-inf", "top_p must be in (0, 1]"),
+        ("--max-draft-tokens", "0", "max_draft_tokens must be in 1..64"),
         ("--top-p", "0", "top_p must be in (0, 1]"),
         ("--top-p", "1.5", "top_p must be in (0, 1]"),
         ("--top-k", "-2", "top_k must be an integer >= 0"),
@@ -126,8 +159,36 @@ def test_empty_prompt(capsys, zoo):
 )
 def test_invalid_sampling_options(capsys, zoo, flag, value, needle):
     code, _, err = run_cli(capsys, *gen_args(zoo.target(), flag, value))
-    assert code == 2
-    assert needle in err and "Traceback" not in err
+    assert_one_line_error(code, err, needle)
+
+
+def test_prompt_file_not_utf8(capsys, zoo, tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_bytes(b"def caf" + b"\xe9(x):\n")  # latin-1 e-acute
+    args = ["generate", "--target", zoo.target(), "--prompt-file", f, "--max-new-tokens", "2"]
+    code, _, err = run_cli(capsys, *args)
+    assert_one_line_error(code, err, str(f), "not valid utf-8", "byte 0xe9 at offset 7", "--prompt-encoding")
+    from specrt.cli import main
+
+    main([str(a) for a in args] + ["--prompt-encoding", "latin-1", "--no-stream", "--json"])
+    assert json.loads(capsys.readouterr().out)["finish_reason"] == "max_new_tokens"
+    code, _, err = run_cli(capsys, *args, "--prompt-encoding", "klingon")
+    assert_one_line_error(code, err, "--prompt-encoding 'klingon' is not a known text encoding")
+
+
+def test_prompt_file_empty_or_missing(capsys, zoo, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    code, _, err = run_cli(capsys, "generate", "--target", zoo.target(), "--prompt-file", empty)
+    assert_one_line_error(code, err, "prompt is empty")
+    code, _, err = run_cli(capsys, "generate", "--target", zoo.target(), "--prompt-file", tmp_path / "absent.txt")
+    assert_one_line_error(code, err, "absent.txt", "cannot read it")
+
+
+def test_prompt_with_lone_surrogate(capsys, zoo):
+    # What Python makes of undecodable bytes on the command line (surrogateescape).
+    code, _, err = run_cli(capsys, *gen_args(zoo.target(), prompt="caf\udce9"))
+    assert_one_line_error(code, err, "not valid Unicode text", "U+DCE9 at character 3")
 
 
 def test_prompt_and_prompt_file_are_exclusive(capsys, zoo, tmp_path):

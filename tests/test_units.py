@@ -59,7 +59,7 @@ def test_manifest_round_trip_and_checks(zoo):
         Manifest.from_dict(data)
     data = m.to_dict()
     data["role"] = "oracle"
-    with pytest.raises(BundleError, match="role 'oracle'"):
+    with pytest.raises(BundleError, match="role must be target or draft, got 'oracle'"):
         Manifest.from_dict(data)
     data = m.to_dict()
     data["architecture"]["num_layers"] = "three"
