@@ -84,6 +84,28 @@ class GGUFCheckpoint(Checkpoint):
         weights = self._processor.process(weights=weights, name=gguf_name).weights
         return np.ascontiguousarray(weights, dtype=np.float32)
 
+    def native(self, name: str) -> tuple[Any, str]:
+        """The weight's own GGUF blocks (native.py), rows ordered as transformers orders them; None for a
+        float tensor. A type native.py cannot carry exactly comes back re-quantized (marked not exact)."""
+        from .native import FLOAT_TYPES, requantize_nearest, unpack
+
+        gguf_name = self._hf_to_gguf.get(name)
+        if gguf_name not in self._tensors:
+            raise ExportError(f"{self.path}: weight {name!r} is missing from the GGUF file")
+        t = self._tensors[gguf_name]
+        kind = t.tensor_type.name
+        if kind in FLOAT_TYPES or len(t.shape) != 2:
+            return None, kind
+        shape = (int(t.shape[1]), int(t.shape[0]))  # GGUF lists dims innermost first: [K, N] -> HF [N, K]
+        blocks = unpack(t.data, kind, shape)
+        if blocks is None:
+            return requantize_nearest(self.tensor(name), kind), kind
+        # llama-style q/k rows are stored permuted for llama.cpp's rotary layout; blocks run along the
+        # input dimension, so the un-permutation moves whole rows of codes, scales and offsets.
+        index = np.arange(shape[0], dtype=np.float32)[:, None]
+        order = self._processor.process(weights=index, name=gguf_name).weights[:, 0].astype(np.int64)
+        return (blocks if np.array_equal(order, np.arange(shape[0])) else blocks.take_rows(order)), kind
+
     def extra_eos_ids(self, tok: Any) -> list[Any]:
         ids = []
         for field in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..manifest import Architecture, GraphSpec, Quantization
 from .archs import ArchSpec
+from .native import Blocks, NBits, describe, layout_key, to_nbits
 from .progress import Progress
 from .source import Checkpoint
 from .weights import ExternalData, quantize_blockwise
@@ -59,21 +60,48 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, domain=domain, **attrs))
         return outputs if len(outputs) > 1 else outputs[0]
 
-    def linear(self, x: str, name: str, weight: np.ndarray, bias: np.ndarray | None, quantize: bool) -> str:
-        """y = x W^T + b for an HF weight [out, in]: MatMul in fp32, MatMulNBits when quantized."""
+    def linear(
+        self, x: str, name: str, weight: np.ndarray, bias: np.ndarray | None, quantize: bool, bits: int | None = None
+    ) -> str:
+        """y = x W^T + b for an HF weight [out, in]: MatMul in fp32, MatMulNBits when quantized (`bits`
+        overrides the body's bit width, for the LM head)."""
         q = self.quant
-        if quantize and q.method != "none":
-            packed, scales = quantize_blockwise(weight.T, q.bits, q.block_size)
-            attrs = {"K": weight.shape[1], "N": weight.shape[0], "bits": q.bits, "block_size": q.block_size}
+        bits = bits or q.bits
+        if quantize and bits:
+            block = q.block_size or 32
+            packed, scales, zero_points = quantize_blockwise(weight.T, bits, block, q.symmetric)
+            attrs = {"K": weight.shape[1], "N": weight.shape[0], "bits": bits, "block_size": block}
             if q.accuracy_level:
                 attrs["accuracy_level"] = q.accuracy_level
             inputs = [x, self.const(f"{name}.qweight", packed), self.const(f"{name}.scales", scales)]
+            if zero_points is not None:
+                inputs.append(self.const(f"{name}.zero_points", zero_points))
             y = self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, **attrs)
         else:
             y = self.op("MatMul", [x, self.const(f"{name}.weight", weight.T)], name)
         if bias is not None:
             y = self.op("Add", [y, self.const(f"{name}.bias", bias)], f"{name}/bias")
         return y
+
+    def nbits_linear(self, x: str, name: str, w: NBits, k: int) -> str:
+        """A GGUF-native linear layer: MatMulNBits over the file's own codes, plus the block-sum correction
+        for formats with a per-block offset (see native.py)."""
+        attrs = {"K": k, "N": w.n, "bits": w.bits, "block_size": w.block}
+        if self.quant.accuracy_level:
+            attrs["accuracy_level"] = self.quant.accuracy_level
+        inputs = [x, self.const(f"{name}.qweight", w.packed), self.const(f"{name}.scales", w.scales)]
+        if w.zero_points is not None:
+            inputs.append(self.const(f"{name}.zero_points", w.zero_points))
+        y = self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, **attrs)
+        if w.correction is None:
+            return y
+        shape = self.const(f"{name}/blocks_shape", np.array([0, 0, k // w.block, w.block]))
+        blocks = self.op("Reshape", [x, shape], f"{name}/blocks")
+        sums = self.op(
+            "ReduceSum", [blocks, self.const(f"{name}/last", np.array([-1]))], f"{name}/block_sums", keepdims=0
+        )
+        offset = self.op("MatMul", [sums, self.const(f"{name}.correction", w.correction)], f"{name}/offset")
+        return self.op("Add", [y, offset], f"{name}/corrected")
 
     def rms_norm(self, x: str, weight: np.ndarray, eps: float, name: str) -> str:
         # ORT's SimplifiedLayerNormalization is RMSNorm (float32 statistics); ORT fuses it with the
@@ -107,9 +135,10 @@ def build_graph(
     quant: Quantization,
     out_dir: Path,
     progress: Progress,
-) -> tuple[GraphSpec, str]:
-    """Write model.onnx and model.onnx.data into `out_dir`; return the names the manifest records and the
-    SHA-256 of the weights file (hashed as it was written)."""
+) -> tuple[GraphSpec, str, dict[str, str]]:
+    """Write model.onnx and model.onnx.data into `out_dir`; return the names the manifest records, the
+    SHA-256 of the weights file (hashed as it was written) and, for --quant native, what became of each
+    GGUF weight."""
     from onnx import helper, save_model
 
     g = GraphSpec(opset=OPSET)
@@ -121,7 +150,7 @@ def build_graph(
             x = decoder.attention(i, x)
             x = decoder.mlp(i, x)
             bar.update(1)
-    decoder.lm_head(x, quantize=quant.lm_head)
+    decoder.lm_head(x)
     data.close()
 
     b = decoder.b
@@ -133,7 +162,7 @@ def build_graph(
     )
     model.ir_version = 9
     save_model(model, str(out_dir / g.model_file))
-    return g, data.sha256
+    return g, data.sha256, decoder.native_log
 
 
 class _Decoder:
@@ -159,6 +188,7 @@ class _Decoder:
             max_seq_len,
         )
         self.biases = spec.biases(ckpt.config)
+        self.native_log: dict[str, str] = {}  # HF weight name -> what --quant native did with it
         self._kv_info = lambda name: helper.make_tensor_value_info(
             name, TensorProto.FLOAT, ["batch", arch.num_kv_heads, max_seq_len, arch.head_dim]
         )
@@ -173,11 +203,44 @@ class _Decoder:
     def w(self, name: str) -> np.ndarray:
         return self.ckpt.tensor(name)
 
-    def fused(self, prefix: str, parts: tuple[str, ...], kind: str) -> np.ndarray | None:
-        """Concatenate the weights (kind='weight') or biases of several projections along the output."""
-        if kind == "bias" and parts[0] not in self.biases:
+    def project(self, x: str, name: str, weights: list[str], bias: np.ndarray | None, quantize: bool = True) -> str:
+        """x @ W^T (+ b) for one or more HF weights fused along the output (q/k/v, gate/up)."""
+        if self.b.quant.method != "native":
+            weight = np.concatenate([self.w(n) for n in weights]) if len(weights) > 1 else self.w(weights[0])
+            bits = self.b.quant.lm_head_bits if name == "lm_head" else None
+            return self.b.linear(x, name, weight, bias, quantize=quantize, bits=bits)
+        # GGUF-native: each weight keeps its file's format; neighbours of one layout share a node.
+        native = [self.ckpt.native(n) for n in weights]
+        for n, (blocks, gguf_type) in zip(weights, native, strict=True):
+            self.native_log[n] = describe(blocks, gguf_type)
+        outputs, group = [], []
+        for i, (blocks, _) in enumerate(native):
+            group.append(i)
+            last = i + 1 == len(native)
+            if last or layout_key(native[i + 1][0]) != layout_key(blocks):
+                part = f"{name}/part{len(outputs)}" if not (last and not outputs) else name
+                outputs.append(self._native_group(x, part, [weights[j] for j in group], [native[j][0] for j in group]))
+                group = []
+        y = outputs[0] if len(outputs) == 1 else self.b.op("Concat", outputs, f"{name}/concat", axis=-1)
+        if bias is not None:
+            y = self.b.op("Add", [y, self.b.const(f"{name}.bias", bias)], f"{name}/bias")
+        return y
+
+    def _native_group(self, x: str, name: str, weights: list[str], blocks: list[Blocks | None]) -> str:
+        if blocks[0] is None:  # float tensors in the file: fp32, exactly as stored
+            weight = np.concatenate([self.w(n) for n in weights])
+            return self.b.op("MatMul", [x, self.b.const(f"{name}.weight", weight.T)], name)
+        return self.b.nbits_linear(x, name, to_nbits(blocks), blocks[0].shape[1])
+
+    def fused_bias(self, prefix: str, parts: tuple[str, ...]) -> np.ndarray | None:
+        """The biases of several projections, concatenated along the output (None: they have none)."""
+        if parts[0] not in self.biases:
             return None
-        return np.concatenate([self.w(f"{prefix}.{part}_proj.{kind}") for part in parts])
+        return np.concatenate([self.w(f"{prefix}.{part}_proj.bias") for part in parts])
+
+    @staticmethod
+    def names(prefix: str, parts: tuple[str, ...]) -> list[str]:
+        return [f"{prefix}.{part}_proj.weight" for part in parts]
 
     def embed(self) -> str:
         b = self.b
@@ -192,13 +255,7 @@ class _Decoder:
         nh, kvh, d, eps = arch.num_heads, arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps
         p, n = f"model.layers.{i}.self_attn", f"layers.{i}/attn"
         h = b.rms_norm(x, self.w(f"model.layers.{i}.input_layernorm.weight"), eps, f"{n}/input_norm")
-        qkv = b.linear(
-            h,
-            f"{n}/qkv_proj",
-            self.fused(p, ("q", "k", "v"), "weight"),
-            self.fused(p, ("q", "k", "v"), "bias"),
-            quantize=True,
-        )
+        qkv = self.project(h, f"{n}/qkv_proj", self.names(p, ("q", "k", "v")), self.fused_bias(p, ("q", "k", "v")))
         if self.spec.qk_norm:
             sizes = b.const(f"{n}/qkv_sizes", np.array([nh * d, kvh * d, kvh * d]))
             q, k, v = b.op("Split", [qkv, sizes], f"{n}/split", n_out=3, axis=-1)
@@ -229,7 +286,7 @@ class _Decoder:
             **attrs,
         )[0]
         bias = self.w(f"{p}.o_proj.bias") if "o" in self.biases else None
-        o = b.linear(attn, f"{n}/o_proj", self.w(f"{p}.o_proj.weight"), bias, quantize=True)
+        o = self.project(attn, f"{n}/o_proj", [f"{p}.o_proj.weight"], bias)
         return b.op("Add", [x, o], f"{n}/residual")
 
     def mlp(self, i: int, x: str) -> str:
@@ -241,30 +298,30 @@ class _Decoder:
             arch.rms_norm_eps,
             f"{n}/post_attention_norm",
         )
-        gu = b.linear(
-            h,
-            f"{n}/gate_up_proj",
-            self.fused(p, ("gate", "up"), "weight"),
-            self.fused(p, ("gate", "up"), "bias"),
-            quantize=True,
-        )
+        gu = self.project(h, f"{n}/gate_up_proj", self.names(p, ("gate", "up")), self.fused_bias(p, ("gate", "up")))
         sizes = b.const(f"{n}/gate_up_sizes", np.array([arch.intermediate_size] * 2))
         gate, up = b.op("Split", [gu, sizes], f"{n}/split", n_out=2, axis=-1)
         silu = b.op("Mul", [gate, b.op("Sigmoid", [gate], f"{n}/sigmoid")], f"{n}/silu")
         gated = b.op("Mul", [silu, up], f"{n}/gated")
         bias = self.w(f"{p}.down_proj.bias") if "down" in self.biases else None
-        down = b.linear(gated, f"{n}/down_proj", self.w(f"{p}.down_proj.weight"), bias, quantize=True)
+        down = self.project(gated, f"{n}/down_proj", [f"{p}.down_proj.weight"], bias)
         return b.op("Add", [x, down], f"{n}/residual")
 
-    def lm_head(self, x: str, quantize: bool) -> None:
-        b, g, arch = self.b, self.g, self.arch
+    def lm_head(self, x: str) -> None:
+        b, g, arch, q = self.b, self.g, self.arch, self.b.quant
         h = b.rms_norm(x, self.w("model.norm.weight"), arch.rms_norm_eps, "final_norm")
         # Only the last `logits_to_keep` positions reach the LM head: prefill and draft steps need one row.
         start = b.op("Neg", [g.logits_to_keep], "keep_start")
         end = b.const("keep_end", np.array([np.iinfo(np.int64).max]))
         h = b.op("Slice", [h, start, end, b.const("keep_axis", np.array([1]))], "keep_last")
         head = "model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"
-        logits = b.linear(h, "lm_head", self.w(head), None, quantize=quantize)
+        if q.method == "native" and (not q.lm_head or q.lm_head_bits):
+            # fp32: the file's values dequantized (exact); int8/int4: re-quantized from them (not exact).
+            logits = b.linear(h, "lm_head", self.w(head), None, quantize=q.lm_head, bits=q.lm_head_bits)
+            how = f"MatMulNBits {q.lm_head_bits}-bit re-quantized (NOT exact)" if q.lm_head else "fp32 MatMul (exact)"
+            self.native_log[head] = f"{self.ckpt.native(head)[1]} -> {how}"
+        else:
+            logits = self.project(h, "lm_head", [head], None, quantize=q.lm_head)
         b.op("Identity", [logits], "logits", n_out=[g.logits])
 
 

@@ -20,11 +20,16 @@ from .archs import ArchSpec, lookup
 from .progress import Progress
 from .source import Checkpoint, open_checkpoint
 
-QUANT_METHODS = {"none": None, "int8": 8, "int4": 4}
+QUANT_METHODS = {"none": None, "int8": 8, "int4": 4, "native": None}
+LM_HEAD_FORMATS = ("quantized", "int8", "int4", "fp32")
 # A target mostly runs (k+1)-token verify passes, a draft mostly 1-token steps: their best formats differ
 # (see the README's verify-cost table). These are the defaults `specrt export` uses when --quant is not given.
 ROLE_DEFAULTS = {"target": "none", "draft": "int4"}
-QUANT_DEFAULTS = {"int4": {"block_size": 32, "accuracy_level": 4}, "int8": {"block_size": 32, "accuracy_level": 4}}
+QUANT_DEFAULTS = {
+    "int4": {"block_size": 32, "accuracy_level": 4},
+    "int8": {"block_size": 32, "accuracy_level": 4},
+    "native": {"accuracy_level": 4},
+}
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _BUNDLE_FILES = ("manifest.json", "model.onnx", "model.onnx.data", "tokenizer.json", "chat_template.jinja")
 
@@ -34,10 +39,11 @@ class ExportOptions:
     role: str = "target"
     max_seq_len: int | None = None  # default: min(max_position_embeddings, 4096)
     dtype: str = "fp32"
-    quant: str = "none"  # none | int8 | int4 (MatMulNBits, symmetric, block-wise)
+    quant: str = "none"  # none | int8 | int4 (MatMulNBits, block-wise) | native (a GGUF's own blocks)
     block_size: int = 32
     accuracy_level: int = 4  # MatMulNBits compute type: 4 = int8 activations (fastest on CPU)
-    quantize_lm_head: bool = True
+    symmetric: bool = True  # False: a zero point per block (int4/int8)
+    lm_head: str = "quantized"  # quantized (as the body) | int8 | int4 | fp32
     validate: bool = True
     name: str | None = None
     overwrite: bool = False
@@ -53,6 +59,8 @@ class ExportOptions:
             raise ExportError(f"block size {self.block_size} is not one of 16, 32, 64, 128, 256")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ExportError(f"accuracy level {self.accuracy_level} is not in 0..4")
+        if self.lm_head not in LM_HEAD_FORMATS:
+            raise ExportError(f"lm_head {self.lm_head!r} is not one of {', '.join(LM_HEAD_FORMATS)}")
         if self.max_seq_len is not None and self.max_seq_len < 32:
             raise ExportError(f"max_seq_len {self.max_seq_len} is too small; use at least 32")
 
@@ -74,7 +82,7 @@ class ExportOptions:
             quant=quant,
             block_size=block_size or defaults.get("block_size", 32),
             accuracy_level=defaults.get("accuracy_level", 4) if accuracy_level is None else accuracy_level,
-            quantize_lm_head=(lm_head or "quantized") == "quantized",
+            lm_head=lm_head or "quantized",
             **kw,
         )
 
@@ -84,9 +92,15 @@ class ExportOptions:
 
     def quantization(self) -> Quantization:
         bits = QUANT_METHODS[self.quant]
-        if bits is None:
-            return Quantization()
-        return Quantization(self.quant, bits, self.block_size, self.accuracy_level, True, self.quantize_lm_head)
+        head = self.lm_head != "fp32"
+        head_bits = QUANT_METHODS.get(self.lm_head)  # int8/int4: that format, whatever the body's
+        if self.quant == "native":  # mixed per tensor: `tensors` records what each became
+            return Quantization("native", None, None, self.accuracy_level, False, head, {}, head_bits)
+        if bits is None:  # an unquantized body may still take a quantized head
+            if head_bits is None:
+                return Quantization()
+            return Quantization("none", None, self.block_size, self.accuracy_level, True, True, {}, head_bits)
+        return Quantization(self.quant, bits, self.block_size, self.accuracy_level, self.symmetric, head, {}, head_bits)
 
 
 def architecture_of(config, spec: ArchSpec) -> Architecture:
@@ -185,7 +199,9 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
             tokenizer = ckpt.save_tokenizer(out)
         quant = options.quantization()
         with progress.stage(f"building the graph ({arch.num_layers} layers, {quant.method})"):
-            graph, weights_sha256 = build_graph(ckpt, spec, arch, max_seq_len, quant, out, progress)
+            graph, weights_sha256, native_log = build_graph(ckpt, spec, arch, max_seq_len, quant, out, progress)
+        if native_log:
+            quant = replace(quant, tensors=native_log)
         manifest = Manifest(
             name=options.name or (ckpt.path.stem if ckpt.path.is_file() else ckpt.path.name),
             role=options.role,
@@ -207,7 +223,9 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
         )
         if options.validate:
             with progress.stage("validating against PyTorch"):
-                v = validate(ckpt, out, manifest, gated=quant.method == "none", progress=progress)
+                v = validate(
+                    ckpt, out, manifest, gated=quant.method == "none" and not quant.lm_head_bits, progress=progress
+                )
             manifest = replace(manifest, validation=v)
         # Last: what each file is, so the runtime can tell a changed file from the exported one.
         files = [record(out, graph.model_file, "graph"), record(out, graph.data_file, "weights", weights_sha256)]

@@ -50,6 +50,10 @@ class Checkpoint:
         """Format-specific end-of-turn ids, beyond the config's and the tokenizer's."""
         return []
 
+    def native(self, name: str) -> tuple[Any, str]:
+        """A weight in its file's own quantized form: (native.Blocks, or None for float tensors; its type)."""
+        raise ExportError(f"{self.path}: --quant native carries a GGUF file's own quantized weights; pass a .gguf")
+
     def _load_config(self) -> Any:
         from transformers import AutoConfig
 

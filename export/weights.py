@@ -59,18 +59,21 @@ class ExternalData:
         self._file.close()
 
 
-def quantize_blockwise(weight_in_out: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric block quantization of a [K, N] weight along K, in MatMulNBits layout.
+def quantize_blockwise(
+    weight_in_out: np.ndarray, bits: int, block_size: int, symmetric: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Block quantization of a [K, N] weight along K, in MatMulNBits layout.
 
-    Returns (packed uint8 [N, ceil(K / block), block * bits / 8], scales float32 [N, ceil(K / block)]).
+    Returns (packed uint8 [N, ceil(K / block), block * bits / 8], scales float32 [N, ceil(K / block)],
+    zero points uint8 packed per row, or None when symmetric).
     """
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         DefaultWeightOnlyQuantizer,
     )
 
-    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, bits=bits)
-    packed, scales, _zero_points = DefaultWeightOnlyQuantizer(config).qbits_block_quant(
+    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric, bits=bits)
+    packed, scales, zero_points = DefaultWeightOnlyQuantizer(config).qbits_block_quant(
         np.ascontiguousarray(weight_in_out, dtype=np.float32)
     )
-    return packed, scales
+    return packed, scales, None if symmetric else zero_points

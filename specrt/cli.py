@@ -102,13 +102,25 @@ def cli() -> None:
 @click.option("--dtype", type=click.Choice(["fp32"]), default="fp32", show_default=True)
 @click.option(
     "--quant",
-    type=click.Choice(["none", "int8", "int4"]),
+    type=click.Choice(["none", "int8", "int4", "native"]),
     default=None,
-    help="Weight-only quantization of the linear layers (MatMulNBits) [default: by role, see README].",
+    help="Weight-only quantization of the linear layers (MatMulNBits); native: a GGUF file's own quantized "
+    "weights, not re-quantized [default: by role, see README].",
 )
 @click.option("--block-size", type=int, default=None, help="Quantization block size [default: by quant].")
 @click.option("--accuracy-level", type=int, default=None, help="MatMulNBits accuracy level [default: by quant].")
-@click.option("--lm-head", type=click.Choice(["quantized", "fp32"]), default=None, help="LM head precision.")
+@click.option(
+    "--lm-head",
+    type=click.Choice(["quantized", "int8", "int4", "fp32"]),
+    default=None,
+    help="LM head precision: as the body (quantized), its own bit width, or fp32 [default: quantized].",
+)
+@click.option(
+    "--symmetric/--asymmetric",
+    default=True,
+    show_default=True,
+    help="int4/int8: symmetric blocks, or a zero point per block.",
+)
 @click.option("--validate/--no-validate", default=True, show_default=True, help="Compare with PyTorch (2x memory).")
 @click.option("--profile/--no-profile", default=True, show_default=True, help="Measure the verify-cost profile.")
 @click.option("--name", default=None, help="Bundle name in the manifest [default: model file or folder name].")
@@ -372,14 +384,20 @@ def _size(n: int) -> str:
 def _describe(path: Path, m) -> str:
     a, q = m.architecture, m.quantization
     size = sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
-    quant = (
-        "none"
-        if q.method == "none"
-        else (
-            f"{q.method} (MatMulNBits, block {q.block_size}, accuracy level {q.accuracy_level}, "
-            f"LM head {'quantized' if q.lm_head else 'fp32'})"
+    if q.method == "none":
+        quant = "none"
+    elif q.method == "native":
+        exact = sum("(exact)" in v for v in q.tensors.values())
+        quant = (
+            f"native (the GGUF's own blocks, MatMulNBits accuracy level {q.accuracy_level}; {exact} of "
+            f"{len(q.tensors)} weights exact, see inspect --json)"
         )
-    )
+    else:
+        head = f"int{q.lm_head_bits}" if q.lm_head_bits else ("quantized" if q.lm_head else "fp32")
+        quant = (
+            f"{q.method} (MatMulNBits, block {q.block_size}, {'symmetric' if q.symmetric else 'asymmetric'}, "
+            f"accuracy level {q.accuracy_level}, LM head {head})"
+        )
     lines = [
         f"bundle        {path}  ({size / 2**20:.1f} MiB)",
         f"name / role   {m.name} / {m.role}   (schema {m.schema_version}, created {m.created})",

@@ -31,7 +31,7 @@ SCHEMA_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 ROLES = ("target", "draft")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-QUANT_BITS = {"none": None, "int8": 8, "int4": 4}
+QUANT_BITS = {"none": None, "int8": 8, "int4": 4, "native": None}
 MAX_LAYERS = 4096
 MAX_MANIFEST_BYTES = 16 << 20
 
@@ -61,6 +61,9 @@ class Quantization:
     accuracy_level: int | None = None
     symmetric: bool = True
     lm_head: bool = False  # whether the LM head is quantized too (embeddings never are)
+    # native (GGUF's own blocks): per weight, its GGUF type and what the graph carries it as
+    tensors: dict[str, str] = field(default_factory=dict)
+    lm_head_bits: int | None = None  # a quantized head in its own format (8 or 4); None: as the body
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,7 @@ def _check(m: Manifest, where: str) -> None:
     need(m.graph.kv_dtype == "float32", "graph.kv_dtype", m.graph.kv_dtype, "'float32'")
     need(q.method in QUANT_BITS, "quantization.method", q.method, " or ".join(QUANT_BITS))
     need(q.bits == QUANT_BITS.get(q.method), "quantization.bits", q.bits, f"{QUANT_BITS.get(q.method)} for {q.method}")
+    need(q.lm_head_bits in (None, 4, 8), "quantization.lm_head_bits", q.lm_head_bits, "4, 8 or null")
     for name in ("model_file", "data_file", "input_ids", "seqlens_k", "total_sequence_length", "logits"):
         need(bool(getattr(m.graph, name)), f"graph.{name}", getattr(m.graph, name), "a non-empty name")
     for name in ("past_key", "past_value", "present_key", "present_value"):

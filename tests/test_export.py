@@ -168,3 +168,23 @@ def test_refuses_to_clobber(zoo, tmp_path):
     bundle = zoo.bundle("parity-llama", "parity-llama")
     with pytest.raises(ExportError, match="--overwrite"):
         export_bundle(ckpt, bundle, ExportOptions(), Progress(enabled=False))
+
+
+def test_block_symmetry_and_lm_head_choices(zoo):
+    """The kernel-study variants: another block size, zero points per block, an LM head in its own format."""
+    import onnx
+
+    zoo.target()
+    bundle = zoo.bundle("target-int4-asym-b64", "target", quant="int4", block_size=64, symmetric=False, lm_head="int8")
+    m = open_bundle(bundle).manifest
+    q = m.quantization
+    assert (q.method, q.bits, q.block_size, q.symmetric, q.lm_head, q.lm_head_bits) == ("int4", 4, 64, False, True, 8)
+    nodes = {n.name: n for n in onnx.load(str(bundle / "model.onnx"), load_external_data=False).graph.node}
+    attrs = {a.name: a.i for a in nodes["lm_head"].attribute}
+    assert attrs["bits"] == 8 and attrs["block_size"] == 64
+    assert len(nodes["layers.0/mlp/down_proj"].input) == 4  # x, codes, scales, zero points
+    worst, agree = _parity(bundle, zoo.checkpoint("target"), PLAN)
+    assert agree >= 0.5 and worst < 2.0, (worst, agree)
+    head = zoo.bundle("target-fp32-head-int8", "target", lm_head="int8")  # an fp32 body may take an int8 head
+    q = open_bundle(head).manifest.quantization
+    assert (q.method, q.lm_head_bits) == ("none", 8) and "MatMulNBits" in _op_types(head)
