@@ -39,7 +39,7 @@ def graph(fmt: str, w: np.ndarray):
     else:  # int{bits}-acc{level}-b{block}
         bits_s, acc_s, block_s = fmt.split("-")
         bits, acc, block = int(bits_s[3:]), int(acc_s[3:]), int(block_s[1:])
-        packed, scales = quantize_blockwise(w, bits, block)
+        packed, scales, _ = quantize_blockwise(w, bits, block)
         nodes = [
             helper.make_node(
                 "MatMulNBits",

@@ -9,6 +9,8 @@ of specrt's tokenizer, which encodes exactly as transformers' GGUF tokenizer doe
   transformers-fp32        transformers PyTorch fp32 target alone
   transformers-assisted    transformers assisted generation, fp32 target + fp32 draft
   genai-int4               onnxruntime-genai int4 target alone, and with its int4 draft (k = 3, 5)
+  llamacpp                 llama.cpp's llama-server on the GGUF target alone, and with the GGUF draft
+                           (draft-simple, k = 3, 5); built once by scripts/build_llamacpp.sh
   specrt-fp32              specrt fp32 target alone, and with the int4 draft for each k
   specrt-int4              specrt int4 target alone, and with the int4 draft for each k
   specrt-fp32-ngram        specrt fp32 target with prompt lookup (n-gram) drafting, auto k
@@ -58,7 +60,8 @@ SPECRT = {
     "specrt-fp32-both": ("fp32", ["ngram", "model"], [None]),
     "specrt-int4-both": ("int4", ["ngram", "model"], [None]),
 }
-CONFIGS = ["transformers-fp32", "transformers-assisted", "genai-int4", *SPECRT]
+CONFIGS = ["transformers-fp32", "transformers-assisted", "genai-int4", "llamacpp", *SPECRT]
+LLAMACPP_KS = [3, 5]
 
 
 # ---------------------------------------------------------------- preparation (once, cached on disk)
@@ -223,6 +226,89 @@ def worker_genai(prompts: list[dict], n: int, repeats: int, ks: list[int]) -> li
     return rows
 
 
+def llamacpp_bin() -> Path:
+    """The folder holding llama-server, built once into a cache folder (build_llamacpp.sh skips when built)."""
+    out = subprocess.run(["bash", str(ROOT / "scripts/build_llamacpp.sh")], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def worker_llamacpp(prompts: list[dict], n: int, repeats: int, ks: list[int]) -> list[dict]:
+    """llama-server on 127.0.0.1, one configuration at a time: the GGUF target alone, then with the GGUF
+    draft (draft-simple, k tokens). Prompts go in as token ids (the same ids every configuration gets);
+    greedy (temperature 0), EOS ignored, no prompt cache. Time = the server's own prompt + decode timings,
+    so HTTP costs nothing; peak RSS is the server process's."""
+    import socket
+    import urllib.request
+
+    rows, threads = [], str(os.cpu_count() or 1)
+    for k in [0, *ks]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [str(llamacpp_bin() / "llama-server"), "-m", str(GGUF["target"]), "--host", "127.0.0.1"]
+        cmd += ["--port", str(port), "-t", threads, "-np", "1", "-c", "4096", "--no-webui", "--log-disable"]
+        if k:
+            cmd += ["-md", str(GGUF["draft"]), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k)]
+            cmd += ["--spec-draft-n-min", "0", "-td", threads]
+        server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 300
+            while True:  # /health answers 503 while loading, 200 when ready
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.time() > deadline or server.poll() is not None:
+                    raise RuntimeError(f"llama-server did not come up: {' '.join(cmd)}")
+                time.sleep(0.5)
+
+            def run(ids, length=n, port=port):
+                body = {
+                    "prompt": ids,
+                    "n_predict": length,
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                    "cache_prompt": False,
+                    "return_tokens": True,
+                    "seed": 0,
+                }
+                req = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/completion",
+                    json.dumps(body).encode(),
+                    {"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(req, timeout=900) as r:
+                    out = json.loads(r.read())
+                t = out["timings"]
+                return (t["prompt_ms"] + t["predicted_ms"]) / 1000, out
+
+            run(prompts[0]["ids"], length=8)
+            for p in prompts:
+                runs = [run(p["ids"]) for _ in range(repeats)]
+                out = runs[-1][1]
+                t = out["timings"]
+                rows.append(
+                    {
+                        "prompt": p["name"],
+                        "config": "target-only" if k == 0 else f"k={k}",
+                        "tokens_per_s": n / statistics.median(s for s, _ in runs),
+                        "token_ids": [int(x) for x in out["tokens"]],
+                        "acceptance_rate": (t["draft_n_accepted"] / t["draft_n"]) if t.get("draft_n") else None,
+                        "decode_tokens_per_s": t["predicted_per_second"],
+                    }
+                )
+                print(f"llama.cpp k={k} {p['name']}: {rows[-1]['tokens_per_s']:.2f} tok/s", flush=True)
+        finally:
+            server.terminate()
+            _, _, usage = os.wait4(server.pid, 0)
+        for r in rows:
+            if r["config"] == ("target-only" if k == 0 else f"k={k}"):
+                r["server_peak_rss_gib"] = usage.ru_maxrss / 2**20
+    return rows
+
+
 def worker_specrt(prompts: list[dict], n: int, repeats: int, name: str) -> tuple[list[dict], dict]:
     import specrt
     from specrt.bench import Prompt, run_bench
@@ -344,6 +430,8 @@ def main() -> int:
             result["rows"] = worker_transformers(prompts, n, args.slow_repeats, args.worker.endswith("assisted"))
         elif args.worker == "genai-int4":
             result["rows"] = worker_genai(prompts, n, args.repeats, [3, 5])
+        elif args.worker == "llamacpp":
+            result["rows"] = worker_llamacpp(prompts, n, args.repeats, LLAMACPP_KS)
         else:
             result["rows"], result["step_ms"] = worker_specrt(prompts, n, args.repeats, args.worker)
         args.raw.parent.mkdir(parents=True, exist_ok=True)

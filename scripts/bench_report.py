@@ -21,6 +21,8 @@ def _label(family: str, config: str) -> str:
         return "transformers assisted (fp32 + fp32 draft)"
     if family == "genai-int4":
         return "genai int4 target" if config == "target-only" else f"genai int4 + int4 draft, {config}"
+    if family == "llamacpp":
+        return "llama.cpp Q4_K_M target" if config == "target-only" else f"llama.cpp + GGUF draft, {config}"
     target = family.split("-")[1]  # specrt-<target>[-ngram|-both]
     drafter = {"ngram": "n-gram", "both": "n-gram + int4 draft"}.get(family.split("-")[-1], "int4 draft")
     return f"specrt {target} target" if config == "target-only" else f"specrt {target} + {drafter}, {config}"
@@ -35,7 +37,8 @@ def _rows(results: list[dict]) -> list[dict]:
             if family.endswith(("-ngram", "-both")) and r["config"] == "target-only":
                 continue  # a second run of the same bundle's target-only row (its own speedups use it)
             label = _label(family, r["config"])
-            out.append({**r, "label": label, "family": family, "peak_rss_gib": res.get("peak_rss_gib")})
+            rss = r.get("server_peak_rss_gib", res.get("peak_rss_gib"))  # llama.cpp: its server's own
+            out.append({**r, "label": label, "family": family, "peak_rss_gib": rss})
     return out
 
 
@@ -57,6 +60,10 @@ def equality_checks(rows: list[dict], prompts: list[dict]) -> list[str]:
         ("specrt fp32 target", "transformers fp32 target"),
     ]
     pairs += [(r["label"], "genai int4 target") for r in rows if r["label"].startswith("genai int4 +")]
+    # llama.cpp computes with the GGUF's own weights, as the native bundle does (both against the fp32
+    # bundle's margins: the GGUF's weights in fp32 arithmetic).
+    pairs += [("llama.cpp Q4_K_M target", "specrt native target")]
+    pairs += [(r["label"], "llama.cpp Q4_K_M target") for r in rows if r["label"].startswith("llama.cpp +")]
     eos = set(_fp32_target().bundle.manifest.tokenizer.eos_token_ids)
     lines = []
     for a, b in dict.fromkeys(pairs):
@@ -76,7 +83,7 @@ def equality_checks(rows: list[dict], prompts: list[dict]) -> list[str]:
                     cut_at_eos.append(f"{p} (token {first})")
                 mine, ref = mine[: first + same], ref[: first + same]
             if mine != ref:
-                if "fp32" in b:
+                if "fp32" in b or "native" in b or "llama.cpp" in b:
                     d = divergence(_fp32_target(), ids[p], ref, mine)
                     bad.append(f"{p} at token {d['position']} (fp32 target top-2 margin {d['top2_margin']:.3g})")
                 else:
