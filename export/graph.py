@@ -20,25 +20,23 @@ import numpy as np
 
 from ..manifest import Architecture, GraphSpec, Quantization
 from .archs import ArchSpec
+from .attention import MS_DOMAIN, OPSETS, flavour, head_norm
 from .native import Blocks, NBits, describe, layout_key, to_nbits
 from .progress import Progress
 from .source import Checkpoint
-from .weights import ExternalData, quantize_blockwise
-
-OPSET = 18
-MS_DOMAIN = "com.microsoft"
+from .weights import ExternalData, quantize_blockwise, to_qdq
 
 
 class GraphBuilder:
     """Collects nodes and initializers; knows how to emit a (quantized) linear layer and an RMSNorm."""
 
-    def __init__(self, data: ExternalData, quant: Quantization):
-        self.data, self.quant = data, quant
+    def __init__(self, data: ExternalData, quant: Quantization, opset: int = 24):
+        self.data, self.quant, self.opset = data, quant, opset
         self.nodes: list = []
         self.initializers: list = []
 
-    def const(self, name: str, array: np.ndarray) -> str:
-        self.initializers.append(self.data.tensor(name, array))
+    def const(self, name: str, array: np.ndarray, packed: tuple[int, list[int]] | None = None) -> str:
+        self.initializers.append(self.data.tensor(name, array, packed))
         return name
 
     def op(
@@ -70,6 +68,9 @@ class GraphBuilder:
         if quantize and bits:
             block = q.block_size or 32
             packed, scales, zero_points = quantize_blockwise(weight.T, bits, block, q.symmetric)
+            if q.form == "qdq":
+                y = self.qdq_linear(x, name, packed, scales, zero_points, bits, weight.shape[1], weight.shape[0], block)
+                return y if bias is None else self.op("Add", [y, self.const(f"{name}.bias", bias)], f"{name}/bias")
             attrs = {"K": weight.shape[1], "N": weight.shape[0], "bits": bits, "block_size": block}
             if q.accuracy_level:
                 attrs["accuracy_level"] = q.accuracy_level
@@ -82,6 +83,19 @@ class GraphBuilder:
         if bias is not None:
             y = self.op("Add", [y, self.const(f"{name}.bias", bias)], f"{name}/bias")
         return y
+
+    def qdq_linear(self, x, name, packed, scales, zero_points, bits: int, k: int, n: int, block: int) -> str:
+        """The same blocks as standard ops: DequantizeLinear (blocked along K) then MatMul. TensorRT reads this
+        form; ONNX Runtime may fuse it back into MatMulNBits (measured in the README)."""
+        weight, wtype, scale, zp, ztype = to_qdq(packed, scales, zero_points, bits, k, n, block)
+        inputs = [
+            self.const(f"{name}.qweight", weight, packed=(wtype, [k, n])),
+            self.const(f"{name}.scales", scale),
+        ]
+        if zp is not None:
+            inputs.append(self.const(f"{name}.zero_points", zp, packed=(ztype, list(scale.shape))))
+        w = self.op("DequantizeLinear", inputs, f"{name}/dequantize", axis=0, block_size=block)
+        return self.op("MatMul", [x, w], name)
 
     def nbits_linear(self, x: str, name: str, w: NBits, k: int) -> str:
         """A GGUF-native linear layer: MatMulNBits over the file's own codes, plus the block-sum correction
@@ -104,15 +118,10 @@ class GraphBuilder:
         return self.op("Add", [y, offset], f"{name}/corrected")
 
     def rms_norm(self, x: str, weight: np.ndarray, eps: float, name: str) -> str:
-        # ORT's SimplifiedLayerNormalization is RMSNorm (float32 statistics); ORT fuses it with the
-        # preceding residual Add into SkipSimplifiedLayerNormalization.
-        return self.op(
-            "SimplifiedLayerNormalization",
-            [x, self.const(f"{name}.weight", weight)],
-            name,
-            axis=-1,
-            epsilon=eps,
-        )
+        """RMSNorm with float32 statistics: the standard RMSNormalization (opset 23) where the graph's opset
+        has it, else ONNX Runtime's SimplifiedLayerNormalization (which it fuses with the residual Add)."""
+        op = "RMSNormalization" if self.opset >= 23 else "SimplifiedLayerNormalization"
+        return self.op(op, [x, self.const(f"{name}.weight", weight)], name, axis=-1, epsilon=eps)
 
 
 def rotary_tables(config, spec: ArchSpec, max_seq_len: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -135,15 +144,17 @@ def build_graph(
     quant: Quantization,
     out_dir: Path,
     progress: Progress,
+    graph: str = "standard",
 ) -> tuple[GraphSpec, str, dict[str, str]]:
     """Write model.onnx and model.onnx.data into `out_dir`; return the names the manifest records, the
     SHA-256 of the weights file (hashed as it was written) and, for --quant native, what became of each
     GGUF weight."""
     from onnx import helper, save_model
 
-    g = GraphSpec(opset=OPSET)
+    attention = "Attention" if graph == "standard" else f"{MS_DOMAIN}.GroupQueryAttention"
+    g = GraphSpec(opset=OPSETS[graph], flavour=graph, attention=attention)
     data = ExternalData(out_dir / g.data_file)
-    decoder = _Decoder(GraphBuilder(data, quant), ckpt, spec, arch, g, max_seq_len)
+    decoder = _Decoder(GraphBuilder(data, quant, g.opset), ckpt, spec, arch, g, max_seq_len)
     x = decoder.embed()
     with progress.bar(arch.num_layers, f"building graph ({quant.method})", unit="layer") as bar:
         for i in range(arch.num_layers):
@@ -154,13 +165,12 @@ def build_graph(
     data.close()
 
     b = decoder.b
-    graph = helper.make_graph(b.nodes, "specrt_decoder", decoder.inputs, decoder.outputs, b.initializers)
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
-        producer_name="specrt",
-    )
-    model.ir_version = 9
+    onnx_graph = helper.make_graph(b.nodes, "specrt_decoder", decoder.inputs, decoder.outputs, b.initializers)
+    opsets = [helper.make_opsetid("", g.opset)]
+    if any(node.domain == MS_DOMAIN for node in b.nodes):  # MatMulNBits, GroupQueryAttention
+        opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+    model = helper.make_model(onnx_graph, opset_imports=opsets, producer_name="specrt")
+    model.ir_version = 11 if g.opset >= 24 else 9
     save_model(model, str(out_dir / g.model_file))
     return g, data.sha256, decoder.native_log
 
@@ -189,16 +199,13 @@ class _Decoder:
         )
         self.biases = spec.biases(ckpt.config)
         self.native_log: dict[str, str] = {}  # HF weight name -> what --quant native did with it
+        self.flavour = flavour(g.flavour)
         self._kv_info = lambda name: helper.make_tensor_value_info(
             name, TensorProto.FLOAT, ["batch", arch.num_kv_heads, max_seq_len, arch.head_dim]
         )
-        self.inputs = [
-            helper.make_tensor_value_info(g.input_ids, TensorProto.INT64, ["batch", "sequence"]),
-            helper.make_tensor_value_info(g.seqlens_k, TensorProto.INT32, ["batch"]),
-            helper.make_tensor_value_info(g.total_sequence_length, TensorProto.INT32, []),
-            helper.make_tensor_value_info(g.logits_to_keep, TensorProto.INT64, [1]),
-        ]
-        self.outputs = [helper.make_tensor_value_info(g.logits, TensorProto.FLOAT, ["batch", "keep", arch.vocab_size])]
+        self.inputs = self.flavour.inputs(g, helper.make_tensor_value_info)
+        logits = helper.make_tensor_value_info(g.logits, TensorProto.FLOAT, self.flavour.logits_shape(arch.vocab_size))
+        self.outputs = [logits]
 
     def w(self, name: str) -> np.ndarray:
         return self.ckpt.tensor(name)
@@ -256,35 +263,16 @@ class _Decoder:
         p, n = f"model.layers.{i}.self_attn", f"layers.{i}/attn"
         h = b.rms_norm(x, self.w(f"model.layers.{i}.input_layernorm.weight"), eps, f"{n}/input_norm")
         qkv = self.project(h, f"{n}/qkv_proj", self.names(p, ("q", "k", "v")), self.fused_bias(p, ("q", "k", "v")))
-        if self.spec.qk_norm:
-            sizes = b.const(f"{n}/qkv_sizes", np.array([nh * d, kvh * d, kvh * d]))
-            q, k, v = b.op("Split", [qkv, sizes], f"{n}/split", n_out=3, axis=-1)
-            q = _head_norm(b, q, self.w(f"{p}.q_norm.weight"), nh, d, eps, f"{n}/q_norm")
-            k = _head_norm(b, k, self.w(f"{p}.k_norm.weight"), kvh, d, eps, f"{n}/k_norm")
-            qkv_in = [q, k, v]
-        else:
-            qkv_in = [qkv, "", ""]  # packed QKV: GroupQueryAttention splits it itself
+        q_norm = k_norm = None
+        if self.spec.qk_norm:  # Qwen3: RMSNorm over each head of q and k, before RoPE
+            q_norm = lambda q: head_norm(b, q, self.w(f"{p}.q_norm.weight"), nh, d, eps, f"{n}/q_norm")  # noqa: E731
+            k_norm = lambda k: head_norm(b, k, self.w(f"{p}.k_norm.weight"), kvh, d, eps, f"{n}/k_norm")  # noqa: E731
+        window = self.spec.window(self.ckpt.config, i)
+        window = window if window is not None and window < self.max_seq_len else None
         past_k, past_v, present_k, present_v = g.kv_names(i)
         self.inputs += [self._kv_info(past_k), self._kv_info(past_v)]
         self.outputs += [self._kv_info(present_k), self._kv_info(present_v)]
-        attrs = {
-            "num_heads": nh,
-            "kv_num_heads": kvh,
-            "do_rotary": 1,
-            "rotary_interleaved": 0,
-            "scale": float(d**-0.5),
-        }
-        window = self.spec.window(self.ckpt.config, i)
-        if window is not None and window < self.max_seq_len:
-            attrs["local_window_size"] = int(window)  # same span as transformers' sliding-window mask
-        attn = b.op(
-            "GroupQueryAttention",
-            [*qkv_in, past_k, past_v, g.seqlens_k, g.total_sequence_length, "cos_cache", "sin_cache"],
-            f"{n}/gqa",
-            n_out=[f"{n}/out", present_k, present_v],
-            domain=MS_DOMAIN,
-            **attrs,
-        )[0]
+        attn = self.flavour.layer(self, i, qkv, q_norm, k_norm, window)
         bias = self.w(f"{p}.o_proj.bias") if "o" in self.biases else None
         o = self.project(attn, f"{n}/o_proj", [f"{p}.o_proj.weight"], bias)
         return b.op("Add", [x, o], f"{n}/residual")
@@ -310,10 +298,7 @@ class _Decoder:
     def lm_head(self, x: str) -> None:
         b, g, arch, q = self.b, self.g, self.arch, self.b.quant
         h = b.rms_norm(x, self.w("model.norm.weight"), arch.rms_norm_eps, "final_norm")
-        # Only the last `logits_to_keep` positions reach the LM head: prefill and draft steps need one row.
-        start = b.op("Neg", [g.logits_to_keep], "keep_start")
-        end = b.const("keep_end", np.array([np.iinfo(np.int64).max]))
-        h = b.op("Slice", [h, start, end, b.const("keep_axis", np.array([1]))], "keep_last")
+        h = self.flavour.select(self, h)  # only the positions whose logits the runtime reads
         head = "model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"
         if q.method == "native" and (not q.lm_head or q.lm_head_bits):
             # fp32: the file's values dequantized (exact); int8/int4: re-quantized from them (not exact).
@@ -323,10 +308,3 @@ class _Decoder:
         else:
             logits = self.project(h, "lm_head", [head], None, quantize=q.lm_head)
         b.op("Identity", [logits], "logits", n_out=[g.logits])
-
-
-def _head_norm(b: GraphBuilder, x: str, weight: np.ndarray, heads: int, d: int, eps: float, name: str) -> str:
-    """RMSNorm over head_dim of each head (Qwen3's q_norm / k_norm): [1, S, heads*d] -> same shape."""
-    split = b.op("Reshape", [x, b.const(f"{name}/heads_shape", np.array([0, 0, heads, d]))], f"{name}/to_heads")
-    normed = b.rms_norm(split, weight, eps, name)
-    return b.op("Reshape", [normed, b.const(f"{name}/flat_shape", np.array([0, 0, heads * d]))], f"{name}/flat")

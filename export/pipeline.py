@@ -17,6 +17,7 @@ from ..manifest import MANIFEST_FILE, ROLES, Architecture, Manifest, Quantizatio
 from ..profile import PROFILE_DIR
 from ..tokenizer import TOKENIZER_FILE
 from .archs import ArchSpec, lookup
+from .attention import FLAVOURS
 from .progress import Progress
 from .source import Checkpoint, open_checkpoint
 
@@ -44,6 +45,8 @@ class ExportOptions:
     accuracy_level: int = 4  # MatMulNBits compute type: 4 = int8 activations (fastest on CPU)
     symmetric: bool = True  # False: a zero point per block (int4/int8)
     lm_head: str = "quantized"  # quantized (as the body) | int8 | int4 | fp32
+    graph: str = "gqa"  # standard (ai.onnx ops, any batch) | gqa (GroupQueryAttention, batch 1)
+    weights: str = "nbits"  # quantized weights as MatMulNBits (nbits) or DequantizeLinear + MatMul (qdq)
     validate: bool = True
     name: str | None = None
     overwrite: bool = False
@@ -59,6 +62,12 @@ class ExportOptions:
             raise ExportError(f"block size {self.block_size} is not one of 16, 32, 64, 128, 256")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ExportError(f"accuracy level {self.accuracy_level} is not in 0..4")
+        if self.graph not in FLAVOURS:
+            raise ExportError(f"graph {self.graph!r} is not one of {', '.join(FLAVOURS)}")
+        if self.weights not in ("nbits", "qdq"):
+            raise ExportError(f"weights {self.weights!r} is not one of nbits, qdq")
+        if self.weights == "qdq" and self.quant == "native":
+            raise ExportError("--weights qdq is not available for --quant native (its offsets need MatMulNBits)")
         if self.lm_head not in LM_HEAD_FORMATS:
             raise ExportError(f"lm_head {self.lm_head!r} is not one of {', '.join(LM_HEAD_FORMATS)}")
         if self.max_seq_len is not None and self.max_seq_len < 32:
@@ -92,15 +101,14 @@ class ExportOptions:
 
     def quantization(self) -> Quantization:
         bits = QUANT_METHODS[self.quant]
-        head = self.lm_head != "fp32"
         head_bits = QUANT_METHODS.get(self.lm_head)  # int8/int4: that format, whatever the body's
+        common = dict(accuracy_level=self.accuracy_level, lm_head=self.lm_head != "fp32", lm_head_bits=head_bits)
         if self.quant == "native":  # mixed per tensor: `tensors` records what each became
-            return Quantization("native", None, None, self.accuracy_level, False, head, {}, head_bits)
-        if bits is None:  # an unquantized body may still take a quantized head
-            if head_bits is None:
-                return Quantization()
-            return Quantization("none", None, self.block_size, self.accuracy_level, True, True, {}, head_bits)
-        return Quantization(self.quant, bits, self.block_size, self.accuracy_level, self.symmetric, head, {}, head_bits)
+            return Quantization("native", symmetric=False, **common)
+        if bits is None and head_bits is None:
+            return Quantization()
+        # (an unquantized body may still take a quantized head)
+        return Quantization(self.quant, bits, self.block_size, symmetric=self.symmetric, form=self.weights, **common)
 
 
 def architecture_of(config, spec: ArchSpec) -> Architecture:
@@ -199,7 +207,9 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
             tokenizer = ckpt.save_tokenizer(out)
         quant = options.quantization()
         with progress.stage(f"building the graph ({arch.num_layers} layers, {quant.method})"):
-            graph, weights_sha256, native_log = build_graph(ckpt, spec, arch, max_seq_len, quant, out, progress)
+            graph, weights_sha256, native_log = build_graph(
+                ckpt, spec, arch, max_seq_len, quant, out, progress, options.graph
+            )
         if native_log:
             quant = replace(quant, tensors=native_log)
         manifest = Manifest(

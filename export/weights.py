@@ -32,13 +32,16 @@ class ExternalData:
     def sha256(self) -> str:
         return self._digest.hexdigest()
 
-    def tensor(self, name: str, array: np.ndarray) -> Any:
-        """A TensorProto for `array`: inline when tiny, otherwise appended to the data file."""
+    def tensor(self, name: str, array: np.ndarray, packed: tuple[int, list[int]] | None = None) -> Any:
+        """A TensorProto for `array`: inline when tiny, otherwise appended to the data file. `packed`
+        (data type, dims) stores `array`'s bytes as a type numpy lacks (INT4/UINT4, two per byte)."""
         from onnx import TensorProto, helper, numpy_helper
 
         array = np.ascontiguousarray(array)
-        if array.nbytes < INLINE_BYTES:
+        if array.nbytes < INLINE_BYTES and packed is None:
             return numpy_helper.from_array(array, name)
+        if array.nbytes < INLINE_BYTES:
+            return helper.make_tensor(name, packed[0], packed[1], array.tobytes(), raw=True)
         pad = -self.offset % (ALIGN if array.nbytes >= ALIGN else 64)
         if pad:
             self._write(b"\0" * pad)
@@ -46,8 +49,8 @@ class ExternalData:
         self._write(memoryview(array).cast("B"))  # no bytes copy of large tensors
         proto = TensorProto()
         proto.name = name
-        proto.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-        proto.dims.extend(array.shape)
+        proto.data_type = packed[0] if packed else helper.np_dtype_to_tensor_dtype(array.dtype)
+        proto.dims.extend(packed[1] if packed else array.shape)
         proto.data_location = TensorProto.EXTERNAL
         for key, value in (("location", self.path.name), ("offset", self.offset), ("length", array.nbytes)):
             entry = proto.external_data.add()
@@ -77,3 +80,37 @@ def quantize_blockwise(
         np.ascontiguousarray(weight_in_out, dtype=np.float32)
     )
     return packed, scales, None if symmetric else zero_points
+
+
+def to_qdq(
+    packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, bits: int, k: int, n: int, block: int
+) -> tuple[np.ndarray, int, np.ndarray, np.ndarray | None, int]:
+    """The same blocks in DequantizeLinear form (weight [K, N], blocked along K): returns the weight's bytes
+    and ONNX data type, scales [K / block, N] and zero points' bytes (or None) with their data type. Symmetric
+    blocks become signed codes (INT4/INT8, zero point 0); others keep unsigned codes and their zero points."""
+    from onnx import TensorProto
+
+    def codes_of(p: np.ndarray, rows: int, width: int) -> np.ndarray:  # MatMulNBits rows -> [rows, width]
+        flat = p.reshape(rows, -1)
+        if bits == 4:
+            flat = np.stack([flat & 0x0F, flat >> 4], axis=-1).reshape(rows, -1)
+        return flat[:, :width]
+
+    def pack(values: np.ndarray) -> np.ndarray:  # row-major, two 4-bit values per byte, first in the low nibble
+        v = values.astype(np.uint8).reshape(-1) & 0x0F
+        if v.size % 2:
+            v = np.append(v, np.uint8(0))
+        return v[0::2] | (v[1::2] << 4)
+
+    nb = -(-k // block)
+    codes = codes_of(packed, n, k).T  # [K, N]
+    scale = np.ascontiguousarray(scales.reshape(n, nb).T, dtype=np.float32)
+    if zero_points is None:  # symmetric: value = code - 2^(bits-1), a signed code with zero point 0
+        signed = codes.astype(np.int16) - (1 << (bits - 1))
+        if bits == 8:
+            return signed.astype(np.int8), TensorProto.INT8, scale, None, TensorProto.INT8
+        return pack(signed), TensorProto.INT4, scale, None, TensorProto.INT4
+    zp = codes_of(zero_points, n, nb).T  # [K / block, N]
+    if bits == 8:
+        return codes.astype(np.uint8), TensorProto.UINT8, scale, zp.astype(np.uint8), TensorProto.UINT8
+    return pack(codes), TensorProto.UINT4, scale, pack(zp), TensorProto.UINT4

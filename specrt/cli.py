@@ -107,6 +107,21 @@ def cli() -> None:
     help="Weight-only quantization of the linear layers (MatMulNBits); native: a GGUF file's own quantized "
     "weights, not re-quantized [default: by role, see README].",
 )
+@click.option(
+    "--graph",
+    type=click.Choice(["standard", "gqa"]),
+    default="gqa",
+    show_default=True,
+    help="standard: ai.onnx operators, any batch (TensorScatter + Attention with a mask); gqa: "
+    "com.microsoft.GroupQueryAttention, batch 1.",
+)
+@click.option(
+    "--weights",
+    type=click.Choice(["nbits", "qdq"]),
+    default="nbits",
+    show_default=True,
+    help="Quantized weights as com.microsoft.MatMulNBits, or as standard DequantizeLinear + MatMul (qdq).",
+)
 @click.option("--block-size", type=int, default=None, help="Quantization block size [default: by quant].")
 @click.option("--accuracy-level", type=int, default=None, help="MatMulNBits accuracy level [default: by quant].")
 @click.option(

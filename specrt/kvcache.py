@@ -1,10 +1,12 @@
-"""The KV cache: preallocated per-layer key/value buffers and one length counter.
+"""The KV cache: preallocated per-layer key/value buffers with one row per sequence, and a length per row.
 
-The buffers are OrtValues of shape [1, kv_heads, max_len, head_dim], allocated once where the model runs
-(host memory, or the GPU). The graph writes new keys/values into them in place at positions
-[length, length + n). Slots at or beyond `length` are never read, so rolling back rejected draft tokens
-is arithmetic on the counter, not a copy. The cache also remembers which token ids it holds, so a new
-prompt that shares a prefix with them reuses that part. This module does not run models.
+The buffers are [rows, kv_heads, max_len, head_dim], allocated once where the model runs (host memory, or
+the GPU). Row r is a slot: one sequence's keys and values, written in place by the graph at positions
+[length, length + n). Slots at or beyond a row's length are never read, so rolling back rejected draft
+tokens is arithmetic on that row's counter, not a copy; a finished sequence frees its row by resetting
+the counter, and the next one overwrites it. Each row also remembers which token ids it holds, so a new
+prompt that shares a prefix with them reuses that part. The attributes without a row (`length`, `ids`,
+`advance`, ...) are row 0's: the whole runtime at batch 1. This module does not run models.
 """
 
 from __future__ import annotations
@@ -12,33 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 
-class KVCache:
-    def __init__(
-        self,
-        num_layers: int,
-        num_kv_heads: int,
-        max_len: int,
-        head_dim: int,
-        dtype: type = np.float32,
-        device: str = "cpu",
-        device_id: int = 0,
-    ):
-        import onnxruntime as ort
+class Row:
+    """One slot's bookkeeping: the token ids whose keys/values occupy positions [0, length)."""
 
-        shape = [1, num_kv_heads, max_len, head_dim]
+    def __init__(self, max_len: int):
         self.max_len = max_len
-        if device == "cpu":
-            # Zeroed host arrays wrapped without a copy (kept alive here): no uninitialised memory, ever.
-            self._host = [np.zeros(shape, dtype) for _ in range(2 * num_layers)]
-            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._host]
-        else:
-            values = [
-                ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, device, device_id)
-                for _ in range(2 * num_layers)
-            ]
-        self.layers = list(zip(values[0::2], values[1::2], strict=True))
-        self.ids: list[int] = []  # the tokens whose keys/values occupy slots [0, length)
-        self.nbytes = 2 * num_layers * int(np.prod(shape)) * np.dtype(dtype).itemsize
+        self.ids: list[int] = []
 
     @property
     def length(self) -> int:
@@ -49,7 +30,7 @@ class KVCache:
         return self.max_len - self.length
 
     def advance(self, ids: list[int]) -> None:
-        """Record that the graph has just written `ids` at slots [length, length + len(ids))."""
+        """Record that the graph has just written `ids` at positions [length, length + len(ids))."""
         if self.length + len(ids) > self.max_len:
             raise ValueError(f"KV cache overflow: length {self.length} + {len(ids)} > max_len {self.max_len}")
         self.ids.extend(ids)
@@ -62,7 +43,7 @@ class KVCache:
             del self.ids[-n:]
 
     def truncate(self, length: int) -> None:
-        """Keep the first `length` positions (no-op when the cache holds fewer)."""
+        """Keep the first `length` positions (no-op when the row holds fewer)."""
         del self.ids[max(length, 0) :]
 
     def common_prefix(self, ids: list[int]) -> int:
@@ -76,3 +57,62 @@ class KVCache:
 
     def reset(self) -> None:
         self.ids.clear()
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: type = np.float32,
+        device: str = "cpu",
+        device_id: int = 0,
+        rows: int = 1,
+    ):
+        import onnxruntime as ort
+
+        shape = [rows, num_kv_heads, max_len, head_dim]
+        self.max_len, self.shape, self.dtype = max_len, shape, np.dtype(dtype)
+        if device == "cpu":
+            # Zeroed host arrays wrapped without a copy (kept alive here): no uninitialised memory, ever.
+            self._host = [np.zeros(shape, dtype) for _ in range(2 * num_layers)]
+            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._host]
+        else:
+            values = [
+                ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, device, device_id)
+                for _ in range(2 * num_layers)
+            ]
+        self.layers = list(zip(values[0::2], values[1::2], strict=True))
+        self.rows = [Row(max_len) for _ in range(rows)]
+        self.row_nbytes = int(np.prod(shape[1:])) * self.dtype.itemsize  # one slot of one buffer
+        self.nbytes = 2 * num_layers * rows * self.row_nbytes
+
+    # Row 0: the batch-1 runtime's one sequence.
+    @property
+    def ids(self) -> list[int]:
+        return self.rows[0].ids
+
+    @property
+    def length(self) -> int:
+        return self.rows[0].length
+
+    @property
+    def free(self) -> int:
+        return self.rows[0].free
+
+    def advance(self, ids: list[int]) -> None:
+        self.rows[0].advance(ids)
+
+    def rollback(self, n: int) -> None:
+        self.rows[0].rollback(n)
+
+    def truncate(self, length: int) -> None:
+        self.rows[0].truncate(length)
+
+    def common_prefix(self, ids: list[int]) -> int:
+        return self.rows[0].common_prefix(ids)
+
+    def reset(self) -> None:
+        self.rows[0].reset()

@@ -33,6 +33,11 @@ ROLES = ("target", "draft")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 QUANT_BITS = {"none": None, "int8": 8, "int4": 4, "native": None}
 MAX_LAYERS = 4096
+FLAVOUR_INPUTS = {
+    "standard": ("position_ids", "write_index", "attention_mask", "logits_rows"),
+    "gqa": ("seqlens_k", "total_sequence_length", "logits_to_keep"),
+}
+FLAVOURS = tuple(FLAVOUR_INPUTS)
 MAX_MANIFEST_BYTES = 16 << 20
 
 
@@ -64,15 +69,27 @@ class Quantization:
     # native (GGUF's own blocks): per weight, its GGUF type and what the graph carries it as
     tensors: dict[str, str] = field(default_factory=dict)
     lm_head_bits: int | None = None  # a quantized head in its own format (8 or 4); None: as the body
+    form: str = "nbits"  # nbits: com.microsoft.MatMulNBits; qdq: DequantizeLinear + MatMul (standard ops)
 
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """Graph file and tensor names. KV names are templates formatted with `layer=i`."""
+    """Graph file and tensor names. KV names are templates formatted with `layer=i`.
+
+    flavour "standard": ai.onnx ops, any batch; inputs input_ids, position_ids, write_index, attention_mask,
+    logits_rows. flavour "gqa": com.microsoft.GroupQueryAttention, batch 1; inputs input_ids, seqlens_k,
+    total_sequence_length, logits_to_keep. engines/README.md documents both contracts."""
 
     model_file: str = "model.onnx"
     data_file: str = "model.onnx.data"
+    flavour: str = "gqa"
     input_ids: str = "input_ids"
+    # standard
+    position_ids: str = "position_ids"
+    write_index: str = "write_index"
+    attention_mask: str = "attention_mask"
+    logits_rows: str = "logits_rows"
+    # gqa
     seqlens_k: str = "seqlens_k"
     total_sequence_length: str = "total_sequence_length"
     logits_to_keep: str = "logits_to_keep"
@@ -238,7 +255,9 @@ def _check(m: Manifest, where: str) -> None:
     need(q.method in QUANT_BITS, "quantization.method", q.method, " or ".join(QUANT_BITS))
     need(q.bits == QUANT_BITS.get(q.method), "quantization.bits", q.bits, f"{QUANT_BITS.get(q.method)} for {q.method}")
     need(q.lm_head_bits in (None, 4, 8), "quantization.lm_head_bits", q.lm_head_bits, "4, 8 or null")
-    for name in ("model_file", "data_file", "input_ids", "seqlens_k", "total_sequence_length", "logits"):
+    need(q.form in ("nbits", "qdq"), "quantization.form", q.form, "nbits or qdq")
+    need(m.graph.flavour in FLAVOURS, "graph.flavour", m.graph.flavour, " or ".join(FLAVOURS))
+    for name in ("model_file", "data_file", "input_ids", "logits", *FLAVOUR_INPUTS.get(m.graph.flavour, ())):
         need(bool(getattr(m.graph, name)), f"graph.{name}", getattr(m.graph, name), "a non-empty name")
     for name in ("past_key", "past_value", "present_key", "present_value"):
         template = getattr(m.graph, name)

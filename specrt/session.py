@@ -48,7 +48,7 @@ class SessionOptions:
 
 
 class ModelSession:
-    def __init__(self, bundle: Bundle, options: SessionOptions | None = None):
+    def __init__(self, bundle: Bundle, options: SessionOptions | None = None, rows: int = 1):
         import onnxruntime as ort
 
         self.bundle = bundle
@@ -56,6 +56,11 @@ class ModelSession:
         m = bundle.manifest
         self.graph = g = m.graph
         self.vocab_size = m.architecture.vocab_size
+        if rows < 1 or (rows > 1 and g.flavour != "standard"):
+            raise OptionsError(
+                f"{bundle.path}: {rows} rows need a bundle of the standard graph (this one is {g.flavour!r}, "
+                "batch 1); re-export it with --graph standard"
+            )
 
         provider = DEVICES[options.device]
         available = ort.get_available_providers()
@@ -76,6 +81,8 @@ class ModelSession:
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
         if not options.spin_between_runs:
             so.add_session_config_entry("session.force_spinning_stop", "1")
+        if m.quantization.form == "qdq":  # ORT fuses DequantizeLinear + MatMul into MatMulNBits at this level
+            so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(m.quantization.accuracy_level))
         so.log_severity_level = 3
         providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
         try:
@@ -97,23 +104,42 @@ class ModelSession:
                 np.float32,
                 options.device,
                 options.device_id,
+                rows,
             )
         except (MemoryError, ValueError) as e:
-            need = 8 * arch.num_layers * arch.num_kv_heads * m.max_seq_len * arch.head_dim / 2**30
+            need = 8 * rows * arch.num_layers * arch.num_kv_heads * m.max_seq_len * arch.head_dim / 2**30
             raise BundleError(
                 f"{bundle.path}: cannot allocate the KV buffers ({need:.1f} GiB for max_seq_len {m.max_seq_len}: "
                 f"{type(e).__name__}); re-export with a smaller --max-seq-len"
             ) from None
         self._io = self.session.io_binding()
-        for layer, (key, value) in enumerate(self.kv.layers):
-            past_k, past_v, present_k, present_v = g.kv_names(layer)
-            self._io.bind_ortvalue_input(past_k, key)
-            self._io.bind_ortvalue_input(past_v, value)
-            # Same OrtValue as the past input: GroupQueryAttention sees shared buffers and writes in place.
-            self._io.bind_ortvalue_output(present_k, key)
-            self._io.bind_ortvalue_output(present_v, value)
+        self._bound: tuple[int, int] | None = None  # the slot range whose KV rows are bound
+        if g.flavour == "gqa":
+            self._bind_rows(0, 1)
         self._logits: dict[int, np.ndarray] = {}
         self.busy_s = 0.0  # wall time spent inside ONNX Runtime runs (for overhead accounting)
+
+    def _bind_rows(self, lo: int, hi: int) -> None:
+        """Bind slots [lo, hi) of every layer's buffers as both the past input and the present output.
+
+        The same memory on both sides is what makes the update in place (GroupQueryAttention detects the
+        shared buffer; TensorScatter, the past input's only consumer, writes into it). Rows are the leading
+        dimension, so a slot range is one pointer and a shape: no view objects, on any device."""
+        if self._bound == (lo, hi):
+            return
+        g, kv = self.graph, self.kv
+        device, device_id = self.options.device, self.options.device_id
+        shape = [hi - lo, *kv.shape[1:]]
+        for layer, (key, value) in enumerate(kv.layers):
+            past_k, past_v, present_k, present_v = g.kv_names(layer)
+            for name, buf, bind in (
+                (past_k, key, self._io.bind_input),
+                (past_v, value, self._io.bind_input),
+                (present_k, key, self._io.bind_output),
+                (present_v, value, self._io.bind_output),
+            ):
+                bind(name, device, device_id, kv.dtype, shape, buf.data_ptr() + lo * kv.row_nbytes)
+        self._bound = (lo, hi)
 
     @property
     def max_len(self) -> int:
@@ -127,7 +153,10 @@ class ModelSession:
         a = m.architecture
         inputs = {i.name: i.shape for i in self.session.get_inputs()}
         outputs = {o.name: o.shape for o in self.session.get_outputs()}
-        want_in = {g.input_ids, g.seqlens_k, g.total_sequence_length, g.logits_to_keep}
+        if g.flavour == "standard":
+            want_in = {g.input_ids, g.position_ids, g.write_index, g.attention_mask, g.logits_rows}
+        else:
+            want_in = {g.input_ids, g.seqlens_k, g.total_sequence_length, g.logits_to_keep}
         want_out = {g.logits}
         for layer in range(a.num_layers):
             pk, pv, ok, ov = g.kv_names(layer)
@@ -154,18 +183,20 @@ class ModelSession:
                     "(kv_heads, max_seq_len, head_dim / vocab_size); re-export the bundle"
                 )
 
-    def _logits_buffer(self, keep: int) -> np.ndarray:
-        # One preallocated host buffer per width: ORT writes logits straight into it, no extra copy.
-        buf = self._logits.get(keep)
+    def _logits_buffer(self, shape: tuple[int, ...]) -> np.ndarray:
+        # One preallocated host buffer per shape: ORT writes logits straight into it, no extra copy.
+        buf = self._logits.get(shape)
         if buf is None:
-            buf = self._logits[keep] = np.empty((1, keep, self.vocab_size), np.float32)
+            buf = self._logits[shape] = np.empty(shape, np.float32)
         return buf
 
     def forward(self, ids: Sequence[int], keep: int = 1) -> np.ndarray:
-        """Run `ids` after the cached context; return logits [keep, vocab] of the last `keep` positions.
+        """Run `ids` after row 0's cached context; return logits [keep, vocab] of the last `keep` positions.
 
         The returned array is reused by the next call with the same `keep`: read it before that call.
         """
+        if self.graph.flavour == "standard":
+            return self.run([0], [ids], [keep])[0]
         n = len(ids)
         if n == 0 or not 1 <= keep <= n:
             raise ValueError(f"forward needs 1 <= keep ({keep}) <= len(ids) ({n})")
@@ -182,10 +213,64 @@ class ModelSession:
         io.bind_cpu_input(g.seqlens_k, seqlens_k)
         io.bind_cpu_input(g.total_sequence_length, total_len)
         io.bind_cpu_input(g.logits_to_keep, keep_arr)
-        out = self._logits_buffer(keep)
+        out = self._logits_buffer((1, keep, self.vocab_size))
         io.bind_output(g.logits, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         t0 = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.busy_s += time.perf_counter() - t0
         self.kv.advance(list(ids))
         return out[0]
+
+    def run(self, slots: Sequence[int], ids: Sequence[Sequence[int]], keep: Sequence[int]) -> list[np.ndarray]:
+        """One graph run for several rows (standard graph): slot slots[i] appends ids[i] to its cached
+        context; returns, per row, the logits [keep[i], vocab] of its last keep[i] new positions.
+
+        Rows are ragged: each has its own past length and number of new tokens (padded to the widest). The
+        run covers the slot range [min, max] of `slots`; a slot inside it that has no tokens this time is
+        carried as an idle row (its padding writes only positions at or past its length, never read before
+        they are written again). The returned arrays are views of a buffer reused by the next run."""
+        if len(slots) != len(ids) or len(ids) != len(keep) or not slots:
+            raise ValueError("run needs one list of ids and one keep per slot, and at least one slot")
+        if len(set(slots)) != len(slots) or min(slots) < 0 or max(slots) >= len(self.kv.rows):
+            raise ValueError(f"slots {list(slots)} must be distinct and in [0, {len(self.kv.rows)})")
+        width = max(len(x) for x in ids)
+        for slot, x, k in zip(slots, ids, keep, strict=True):
+            if not x or not 1 <= k <= len(x):
+                raise ValueError(f"slot {slot}: run needs 1 <= keep ({k}) <= new tokens ({len(x)})")
+        lo, hi = min(slots), max(slots) + 1
+        rows = self.kv.rows[lo:hi]
+        new = {slot - lo: list(x) for slot, x in zip(slots, ids, strict=True)}
+        past = np.array([r.length for r in rows], np.int64)
+        if (past + width > self.kv.max_len).any():
+            i = int(np.argmax(past + width > self.kv.max_len))
+            raise ValueError(f"KV cache overflow: slot {lo + i} holds {past[i]}, + {width} > max_len {self.kv.max_len}")
+        b = hi - lo
+        input_ids = np.zeros((b, width), np.int64)  # padding: token 0, whose outputs are never read
+        real = np.zeros(b, np.int64)
+        for r, x in new.items():
+            input_ids[r, : len(x)] = x
+            real[r] = len(x)
+        positions = past[:, None] + np.arange(width)[None, :]
+        total = int((past + real).max())  # T: the slots the longest row attends to
+        mask = np.arange(total)[None, None, None, :] <= positions[:, None, :, None]  # causal, per row
+        # The LM head reads each row's last keep[i] real positions, indexed in the flattened [B * S] batch.
+        last = [(slot - lo) * width + real[slot - lo] - k + np.arange(k) for slot, k in zip(slots, keep, strict=True)]
+        rows_out = np.concatenate(last).astype(np.int64)
+        g, io = self.graph, self._io
+        self._bind_rows(lo, hi)
+        io.bind_cpu_input(g.input_ids, input_ids)
+        io.bind_cpu_input(g.position_ids, positions)
+        io.bind_cpu_input(g.write_index, past)
+        io.bind_cpu_input(g.attention_mask, mask)
+        io.bind_cpu_input(g.logits_rows, rows_out)
+        out = self._logits_buffer((len(rows_out), self.vocab_size))
+        io.bind_output(g.logits, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        t0 = time.perf_counter()
+        self.session.run_with_iobinding(io)
+        self.busy_s += time.perf_counter() - t0
+        result, at = [], 0
+        for slot, x, k in zip(slots, ids, keep, strict=True):
+            self.kv.rows[slot].advance(list(x))
+            result.append(out[at : at + k])
+            at += k
+        return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from specrt.export import ExportOptions, Progress, export_bundle
 from specrt.export.tiny import make_checkpoint, make_tokenizer
 
 MAX_SEQ_LEN = 256
+# The graph flavour of every bundle the suite builds (SPECRT_TEST_GRAPH=gqa runs it all on the other one).
+GRAPH = os.environ.get("SPECRT_TEST_GRAPH", "standard")
 
 
 class Zoo:
@@ -42,6 +45,7 @@ class Zoo:
     def bundle(self, name: str, checkpoint: str, **options) -> Path:
         if name not in self._bundles:
             options.setdefault("max_seq_len", MAX_SEQ_LEN)
+            options.setdefault("graph", GRAPH)
             out = self.root / "bundles" / name
             export_bundle(self.checkpoint(checkpoint), out, ExportOptions(**options), Progress(enabled=False))
             self._bundles[name] = out

@@ -57,7 +57,7 @@ def test_matmulnbits_runs_the_blocks_as_they_stand(gguf_type, accuracy_level):
     w = dequantize(raw, GGMLQuantizationType[gguf_type]).reshape(N, K)
 
     class Inline:  # every initializer inside the model
-        def tensor(self, name, array):
+        def tensor(self, name, array, packed=None):
             from onnx import numpy_helper
 
             return numpy_helper.from_array(np.ascontiguousarray(array), name)

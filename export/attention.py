@@ -1,0 +1,175 @@
+"""Attention flavours of the decoder graph: how a layer reads and writes its KV buffer, and which positions
+reach the LM head. The rest of the decoder (embedding, projections, MLP, norms) is the same for both.
+
+- "standard" (default): ai.onnx operators only, opset 24, any batch. Per layer, RotaryEmbedding at each
+  row's own positions (`position_ids [B, S]`), TensorScatter writes the S new keys/values of row b at
+  `write_index[b]` into the layer's buffer `[B, kv_heads, max_seq_len, head_dim]` (bound by the runtime as
+  both past input and present output: the scatter is the past input's only consumer, so ONNX Runtime
+  updates the buffer in place), a Slice keeps the first T slots (T = the mask's last dimension: the
+  batch's longest row; without it the Attention kernel costs O(max_seq_len)), then Attention with the
+  explicit boolean mask `attention_mask [B, 1, S, T]` (True: may attend). Rows are ragged: each row has its
+  own past length and its own number of real new tokens, padded to the widest; the runtime writes the mask.
+  The LM head sees only the positions in `logits_rows [N]` (indices into the flattened [B * S] positions).
+- "gqa": com.microsoft.GroupQueryAttention with RoPE inside and shared past/present buffers, batch 1 for
+  multi-token passes (ONNX Runtime's CPU kernel refuses batch > 1 once a row has past context and S > 1);
+  the LM head sees the last `logits_to_keep` positions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MS_DOMAIN = "com.microsoft"
+FLAVOURS = ("standard", "gqa")
+OPSETS = {"standard": 24, "gqa": 18}
+
+
+def head_norm(b, x: str, weight: np.ndarray, heads: int, d: int, eps: float, name: str) -> str:
+    """RMSNorm over head_dim of each head (Qwen3's q_norm / k_norm): [B, S, heads*d] -> same shape."""
+    split = b.op("Reshape", [x, b.const(f"{name}/heads_shape", np.array([0, 0, heads, d]))], f"{name}/to_heads")
+    normed = b.rms_norm(split, weight, eps, name)
+    return b.op("Reshape", [normed, b.const(f"{name}/flat_shape", np.array([0, 0, heads * d]))], f"{name}/flat")
+
+
+class GQAAttention:
+    name = "gqa"
+
+    def inputs(self, g, tensor) -> list:
+        from onnx import TensorProto as T
+
+        return [
+            tensor(g.input_ids, T.INT64, ["batch", "sequence"]),
+            tensor(g.seqlens_k, T.INT32, ["batch"]),
+            tensor(g.total_sequence_length, T.INT32, []),
+            tensor(g.logits_to_keep, T.INT64, [1]),
+        ]
+
+    def logits_shape(self, vocab: int) -> list:
+        return ["batch", "keep", vocab]
+
+    def layer(self, dec, i: int, qkv: str, q_norm, k_norm, window: int | None) -> str:
+        b, a, g = dec.b, dec.arch, dec.g
+        nh, kvh, d = a.num_heads, a.num_kv_heads, a.head_dim
+        n = f"layers.{i}/attn"
+        if q_norm is not None:
+            q, k, v = _split_qkv(b, qkv, nh, kvh, d, n)
+            qkv_in = [q_norm(q), k_norm(k), v]
+        else:
+            qkv_in = [qkv, "", ""]  # packed QKV: GroupQueryAttention splits it itself
+        past_k, past_v, present_k, present_v = g.kv_names(i)
+        attrs = {"num_heads": nh, "kv_num_heads": kvh, "do_rotary": 1, "rotary_interleaved": 0, "scale": float(d**-0.5)}
+        if window is not None:
+            attrs["local_window_size"] = int(window)  # the same span as transformers' sliding-window mask
+        return b.op(
+            "GroupQueryAttention",
+            [*qkv_in, past_k, past_v, g.seqlens_k, g.total_sequence_length, "cos_cache", "sin_cache"],
+            f"{n}/gqa",
+            n_out=[f"{n}/out", present_k, present_v],
+            domain=MS_DOMAIN,
+            **attrs,
+        )[0]
+
+    def select(self, dec, h: str) -> str:
+        """The last `logits_to_keep` positions: prefill and draft steps need one, a verify pass k + 1."""
+        b, g = dec.b, dec.g
+        start = b.op("Neg", [g.logits_to_keep], "keep_start")
+        end = b.const("keep_end", np.array([np.iinfo(np.int64).max]))
+        return b.op("Slice", [h, start, end, b.const("keep_axis", np.array([1]))], "keep_last")
+
+
+class StandardAttention:
+    name = "standard"
+
+    def __init__(self) -> None:
+        self._length: str | None = None  # T, shared by every layer
+        self._windows: dict[int, str] = {}  # sliding-window masks, one per distinct window
+
+    def inputs(self, g, tensor) -> list:
+        from onnx import TensorProto as T
+
+        return [
+            tensor(g.input_ids, T.INT64, ["batch", "sequence"]),
+            tensor(g.position_ids, T.INT64, ["batch", "sequence"]),
+            tensor(g.write_index, T.INT64, ["batch"]),
+            tensor(g.attention_mask, T.BOOL, ["batch", 1, "sequence", "total"]),
+            tensor(g.logits_rows, T.INT64, ["rows"]),
+        ]
+
+    def logits_shape(self, vocab: int) -> list:
+        return ["rows", vocab]
+
+    def _attended(self, dec) -> str:
+        """T: how many slots the batch's longest row attends to, read off the mask's last dimension."""
+        if self._length is None:
+            b = dec.b
+            shape = b.op("Shape", [dec.g.attention_mask], "mask_shape")
+            self._length = b.op(
+                "Slice", [shape, b.const("dim3", np.array([3])), b.const("dim4", np.array([4]))], "attended"
+            )
+        return self._length
+
+    def _mask(self, dec, window: int | None) -> str:
+        """The runtime's mask, narrowed for a sliding-window layer to keys j > position - window."""
+        g, b = dec.g, dec.b
+        if window is None:
+            return g.attention_mask
+        if window not in self._windows:
+            n = f"window{window}"
+            length = b.op("Squeeze", [self._attended(dec)], f"{n}/T")
+            zero, one = b.const(f"{n}/zero", np.array(0)), b.const(f"{n}/one", np.array(1))
+            keys = b.op("Range", [zero, length, one], f"{n}/keys")  # [T]
+            position = b.op("Unsqueeze", [g.position_ids, b.const(f"{n}/axes", np.array([1, 3]))], f"{n}/pos")
+            # transformers' sliding window: a query at position p sees keys p - window < j <= p.
+            first = b.op("Sub", [position, b.const(f"{n}/w", np.array(window - 1))], f"{n}/first")  # [B, 1, S, 1]
+            inside = b.op("GreaterOrEqual", [keys, first], f"{n}/inside")
+            self._windows[window] = b.op("And", [g.attention_mask, inside], f"{n}/mask")
+        return self._windows[window]
+
+    def layer(self, dec, i: int, qkv: str, q_norm, k_norm, window: int | None) -> str:
+        b, a, g = dec.b, dec.arch, dec.g
+        nh, kvh, d = a.num_heads, a.num_kv_heads, a.head_dim
+        n = f"layers.{i}/attn"
+        q, k, v = _split_qkv(b, qkv, nh, kvh, d, n)
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
+        q = b.op("RotaryEmbedding", [q, "cos_cache", "sin_cache", g.position_ids], f"{n}/rope_q", num_heads=nh)
+        k = b.op("RotaryEmbedding", [k, "cos_cache", "sin_cache", g.position_ids], f"{n}/rope_k", num_heads=kvh)
+        q, k, v = (_heads_first(b, t, h, d, f"{n}/{w}") for t, h, w in ((q, nh, "q"), (k, kvh, "k"), (v, kvh, "v")))
+        past_k, past_v, present_k, present_v = g.kv_names(i)
+        # The scatter is each past buffer's only reader: ONNX Runtime writes into the bound buffer in place.
+        b.op("TensorScatter", [past_k, k, g.write_index], f"{n}/write_k", n_out=[present_k], axis=2)
+        b.op("TensorScatter", [past_v, v, g.write_index], f"{n}/write_v", n_out=[present_v], axis=2)
+        zero, axis = b.const(f"{n}/zero", np.array([0])), b.const(f"{n}/seq_axis", np.array([2]))
+        keys = b.op("Slice", [present_k, zero, self._attended(dec), axis], f"{n}/keys")
+        values = b.op("Slice", [present_v, zero, self._attended(dec), axis], f"{n}/values")
+        y = b.op(
+            "Attention",
+            [q, keys, values, self._mask(dec, window)],
+            f"{n}/attention",
+            q_num_heads=nh,
+            kv_num_heads=kvh,
+            scale=float(d**-0.5),
+        )
+        y = b.op("Transpose", [y], f"{n}/seq_first", perm=[0, 2, 1, 3])
+        return b.op("Reshape", [y, b.const(f"{n}/out_shape", np.array([0, 0, nh * d]))], f"{n}/out")
+
+    def select(self, dec, h: str) -> str:
+        """The positions in logits_rows, out of the batch's flattened [B * S] positions."""
+        b = dec.b
+        flat = b.op("Reshape", [h, b.const("flat_shape", np.array([-1, dec.arch.hidden_size]))], "flat_positions")
+        return b.op("Gather", [flat, dec.g.logits_rows], "logit_positions", axis=0)
+
+
+def flavour(name: str):
+    return {"standard": StandardAttention, "gqa": GQAAttention}[name]()
+
+
+def _split_qkv(b, qkv: str, nh: int, kvh: int, d: int, n: str) -> list[str]:
+    sizes = b.const(f"{n}/qkv_sizes", np.array([nh * d, kvh * d, kvh * d]))
+    return b.op("Split", [qkv, sizes], f"{n}/split", n_out=3, axis=-1)
+
+
+def _heads_first(b, x: str, heads: int, d: int, name: str) -> str:
+    """[B, S, heads * d] -> [B, heads, S, d]."""
+    x = b.op("Reshape", [x, b.const(f"{name}/heads_shape", np.array([0, 0, heads, d]))], f"{name}/heads")
+    return b.op("Transpose", [x], f"{name}/heads_first", perm=[0, 2, 1, 3])

@@ -1,0 +1,166 @@
+"""The standard graph: ai.onnx operators only, ragged rows over in-place KV slots, parity with PyTorch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_export import VARIANTS
+from transformers import AutoModelForCausalLM
+
+from specrt import open_bundle
+from specrt.session import ModelSession
+
+ROWS = 3
+# Steps over three slots: ("run", {slot: new tokens}) or ("rollback", {slot: n}) or ("reset", slot).
+# Ragged prefills, a batched decode, a verify of 5 beside an idle slot, per-row rollbacks, a slot reused
+# while the others go on, and a sequence past mistral's sliding window of 24.
+PLAN = [
+    ("run", {0: 7, 1: 12, 2: 3}),
+    ("run", {0: 1, 1: 1, 2: 1}),
+    ("run", {0: 5, 2: 5}),
+    ("rollback", {0: 3, 2: 1}),
+    ("run", {0: 1, 1: 5, 2: 2}),
+    ("reset", 1),
+    ("run", {0: 1, 1: 9, 2: 1}),
+    ("run", {0: 5, 1: 5, 2: 5}),
+    ("rollback", {1: 4}),
+    ("run", {0: 14, 1: 1}),
+    ("run", {0: 1, 1: 1, 2: 5}),
+]
+
+
+def _reference(model, seq: list[int], n: int) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([seq])).logits[0, -n:].numpy()
+
+
+def batched_parity(bundle, checkpoint, plan=PLAN, seed=0) -> float:
+    """Run `plan` through a multi-row session and each row's sequence through PyTorch; worst relative diff."""
+    session = ModelSession(open_bundle(bundle), rows=ROWS)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    rng = np.random.default_rng(seed)
+    seqs = {slot: [] for slot in range(ROWS)}
+    worst = 0.0
+    for kind, arg in plan:
+        if kind == "reset":
+            session.kv.rows[arg].reset()
+            seqs[arg] = []
+        elif kind == "rollback":
+            for slot, n in arg.items():
+                session.kv.rows[slot].rollback(n)
+                del seqs[slot][-n:]
+        else:
+            slots = sorted(arg)
+            new = [rng.integers(0, session.vocab_size, arg[s]).tolist() for s in slots]
+            out = session.run(slots, new, [len(x) for x in new])
+            for slot, x, got in zip(slots, new, out, strict=True):
+                seqs[slot] += x
+                ref = _reference(model, seqs[slot], len(x))
+                worst = max(worst, float(np.abs(got - ref).max() / max(1.0, np.abs(ref).max())))
+                assert session.kv.rows[slot].ids == seqs[slot]
+                assert (got.argmax(-1) == ref.argmax(-1)).mean() == 1.0
+    return worst
+
+
+@pytest.fixture(scope="module")
+def standard(zoo):
+    def make(variant: str):
+        model_type, kw = VARIANTS[variant]
+        ckpt = zoo.checkpoint(f"parity-{variant}", model_type, **kw)
+        return zoo.bundle(f"standard-{variant}", f"parity-{variant}", graph="standard"), ckpt
+
+    return make
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_standard_graph_matches_pytorch_on_ragged_rows(standard, variant):
+    bundle, ckpt = standard(variant)
+    m = open_bundle(bundle).manifest
+    assert m.graph.flavour == "standard" and m.graph.opset == 24 and m.validation.passed
+    assert batched_parity(bundle, ckpt) < 1e-4
+
+
+def test_standard_graph_uses_only_onnx_operators(standard):
+    import onnx
+
+    bundle, _ = standard("qwen3")  # q/k norms too
+    model = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
+    assert {n.domain for n in model.graph.node} == {""}, "a contrib op crept in"
+    assert [o.domain for o in model.opset_import] == [""] and model.opset_import[0].version == 24
+    ops = {n.op_type for n in model.graph.node}
+    assert {"TensorScatter", "Attention", "RotaryEmbedding", "RMSNormalization"} <= ops
+    # Each KV buffer's only reader is its scatter: what lets ONNX Runtime update it in place.
+    names = {i.name for i in model.graph.input if i.name.startswith("past_key_values")}
+    for name in names:
+        readers = [n for n in model.graph.node if name in n.input]
+        assert [n.op_type for n in readers] == ["TensorScatter"], name
+
+
+def test_kv_update_is_in_place(zoo, tmp_path):
+    """A one-token step into a large KV buffer writes into the bound buffer and costs a small fraction of
+    copying that buffer once: the scatter updates it in place."""
+    import time
+
+    zoo.checkpoint("parity-qwen2", "qwen2")
+    bundle = zoo.bundle("standard-long", "parity-qwen2", graph="standard", max_seq_len=131072)
+    session = ModelSession(open_bundle(bundle))
+    buffers = session.kv._host
+    assert sum(b.nbytes for b in buffers) >= 64 << 20
+    session.forward([5, 6, 7], keep=1)
+    assert np.abs(buffers[0][0, :, 2]).sum() > 0 and np.abs(buffers[0][0, :, 3]).sum() == 0
+    steps, copies = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        session.forward([8], keep=1)
+        steps.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for b in buffers:
+            b.copy()
+        copies.append(time.perf_counter() - t0)
+    assert np.abs(buffers[0][0, :, 3]).sum() > 0  # the step's key landed in our own buffer
+    print(f"one step {1000 * min(steps):.2f} ms, one copy of the buffers {1000 * min(copies):.2f} ms")
+    assert min(steps) < 0.5 * min(copies), (min(steps), min(copies))  # a copying scatter: >= 1x
+
+
+def test_a_gqa_bundle_refuses_several_rows(zoo):
+    from specrt import OptionsError
+
+    zoo.target()
+    gqa = zoo.bundle("target-gqa", "target", graph="gqa")
+    with pytest.raises(OptionsError, match="re-export it with --graph standard"):
+        ModelSession(open_bundle(gqa), rows=2)
+
+
+@pytest.mark.parametrize(
+    "quant,weights,symmetric",
+    [
+        ("int8", "nbits", True),
+        ("int4", "nbits", True),
+        ("int4", "qdq", True),
+        ("int4", "qdq", False),
+        ("int8", "qdq", True),
+    ],
+)
+def test_quantized_standard_bundles_build_and_run(zoo, standard, quant, weights, symmetric):
+    import onnx
+
+    _, ckpt = standard("qwen2")
+    name = f"standard-{quant}-{weights}-{'sym' if symmetric else 'asym'}"
+    bundle = zoo.bundle(name, "parity-qwen2", graph="standard", quant=quant, weights=weights, symmetric=symmetric)
+    model = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
+    domains = {n.domain for n in model.graph.node}
+    if weights == "qdq":  # nothing but ai.onnx: what TensorRT's parser reads
+        assert domains == {""} and "DequantizeLinear" in {n.op_type for n in model.graph.node}
+    else:
+        assert domains == {"", "com.microsoft"}
+    q = open_bundle(bundle).manifest.quantization
+    assert (q.method, q.form, q.symmetric) == (quant, weights, symmetric)
+    # Quantized logits move; the argmax mostly follows, and rows stay independent of each other.
+    session = ModelSession(open_bundle(bundle), rows=2)
+    ids = np.random.default_rng(1).integers(0, session.vocab_size, (2, 9)).tolist()
+    together = [x.copy() for x in session.run([0, 1], [ids[0], ids[1][:4]], [9, 4])]
+    for slot in (0, 1):
+        session.kv.rows[slot].reset()
+    alone = session.run([1], [ids[1][:4]], [4])[0]
+    assert np.abs(together[1] - alone).max() < 1e-3 * max(1.0, np.abs(alone).max())
