@@ -13,6 +13,8 @@ of specrt's tokenizer, which encodes exactly as transformers' GGUF tokenizer doe
                            (draft-simple, k = 3, 5); built once by scripts/build_llamacpp.sh
   specrt-fp32              specrt fp32 target alone, and with the int4 draft for each k
   specrt-int4              specrt int4 target alone, and with the int4 draft for each k
+  specrt-native            specrt GGUF-native target (the file's own Q4_K/Q6_K blocks) alone, and with the
+                           int4 draft for each k: what llama.cpp computes with, weight for weight
   specrt-fp32-ngram        specrt fp32 target with prompt lookup (n-gram) drafting, auto k
   specrt-int4-ngram        specrt int4 target with prompt lookup (n-gram) drafting, auto k
   specrt-fp32-both         specrt fp32 target with n-gram and int4 draft model, auto k (per round, the
@@ -48,6 +50,7 @@ HF = {role: ROOT / "models/hf" / path.stem for role, path in GGUF.items()}
 BUNDLES = {
     "target-fp32": ROOT / "engines/qwen2.5-coder-1.5b-fp32",
     "target-int4": ROOT / "engines/qwen2.5-coder-1.5b-int4",
+    "target-native": ROOT / "engines/qwen2.5-coder-1.5b-native",
     "draft-int4": ROOT / "engines/qwen2.5-coder-0.5b-int4",
 }
 GENAI = {role: ROOT / "engines/genai" / f"{role}-int4" for role in ("target", "draft")}
@@ -56,6 +59,7 @@ SPECRT = {
     "specrt-fp32": ("fp32", ["model"], [None, 3, 5]),
     "specrt-fp32-ngram": ("fp32", ["ngram"], [None]),
     "specrt-int4": ("int4", ["model"], [None, 2, 4]),
+    "specrt-native": ("native", ["model"], [None, 2, 4]),
     "specrt-int4-ngram": ("int4", ["ngram"], [None]),
     "specrt-fp32-both": ("fp32", ["ngram", "model"], [None]),
     "specrt-int4-both": ("int4", ["ngram", "model"], [None]),

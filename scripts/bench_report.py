@@ -199,6 +199,26 @@ def targets(rows: list[dict], names: list[str]) -> list[str]:
             lines.append(
                 f"- {family} speculative (best config) / {assisted}: " + ", ".join(f"{p} {v:.1f}x" for p, v in ratios)
             )
+    plain = {r["prompt"]: r["tokens_per_s"] for r in rows if r["family"] == "llamacpp" and r["config"] == "target-only"}
+    if plain:
+        for family, what in (("specrt-native", "the GGUF's own weights"), ("specrt-int4", "re-quantized int4")):
+            best, alone = [], []
+            for p in names:
+                mine = [r for r in rows if r["family"] == family and r["prompt"] == p]
+                if p in plain and mine:
+                    top = max(mine, key=lambda r: r["tokens_per_s"])
+                    best.append(f"{p} {top['tokens_per_s'] / plain[p]:.2f}x ({top['config']})")
+                    solo = [r["tokens_per_s"] for r in mine if r["config"] == "target-only"]
+                    alone += [f"{p} {solo[0] / plain[p]:.2f}x"] if solo else []
+            if best:
+                lines.append(f"- fastest {family} configuration ({what}) / llama.cpp plain: " + ", ".join(best))
+                lines.append(f"- {family} target alone / llama.cpp plain: " + ", ".join(alone))
+        spec = [r for r in rows if r["family"] == "llamacpp" and r["config"] != "target-only"]
+        for config in sorted({r["config"] for r in spec}):
+            ratios = [
+                f"{r['prompt']} {r['tokens_per_s'] / plain[r['prompt']]:.2f}x" for r in spec if r["config"] == config
+            ]
+            lines.append(f"- llama.cpp speculative {config} / llama.cpp plain: " + ", ".join(ratios))
     genai = [r for r in rows if r["family"] == "genai-int4" and r["config"] != "target-only"]
     ratios = []
     for p in names:
