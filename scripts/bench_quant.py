@@ -231,7 +231,7 @@ def target_agreement(draft, texts: list[dict]) -> float:
     return float(np.mean(hits))
 
 
-def measure_role(role: str, reps: int, texts: list[dict]) -> dict:
+def measure_role(role: str, reps: int, texts: list[dict], saved: Path, fresh: bool) -> dict:
     from specrt.api import Engine
     from specrt.bundle import open_bundle
     from specrt.session import ModelSession, SessionOptions
@@ -241,13 +241,21 @@ def measure_role(role: str, reps: int, texts: list[dict]) -> dict:
     ref_path = reference_bundle(role)
     reference = ModelSession(open_bundle(ref_path), options)
     baseline = Engine(bundles[BASELINE], session_options=options)
-    rows = {}
+    result = {"role": role, "reference": str(ref_path.relative_to(ROOT)), "context": CONTEXT, "rows": {}}
+    if saved.exists() and not fresh:  # variants measured by an earlier (interrupted) run are kept
+        result["rows"] = json.loads(saved.read_text()).get("rows", {})
+    rows = result["rows"]
     for name, path in bundles.items():
+        if name in rows:
+            log(f"{role} {name}: measured before, kept")
+            continue
         log(f"{role} {name}: speed and fidelity")
         engine = baseline if name == BASELINE else Engine(path, session_options=options)
         row = {"bundle": str(path.relative_to(ROOT)), "size_mib": (path / "model.onnx.data").stat().st_size / 2**20}
         row.update(speed(engine.target, baseline.target, WIDTHS[role], reps))
-        row.update(fidelity(engine, reference, texts, greedy=role == "target"))
+        # Greedy decoding is skipped for accuracy level 1 twins (same weights as their level-4 twin; level-1
+        # 8-bit kernels run at a fraction of the speed, so 1,024 greedy steps would take many minutes).
+        row.update(fidelity(engine, reference, texts, greedy=role == "target" and not name.endswith("-acc1")))
         if role == "draft":
             row["target_agreement"] = target_agreement(engine.target, texts)
         m = engine.target.bundle.manifest.quantization
@@ -255,10 +263,12 @@ def measure_role(role: str, reps: int, texts: list[dict]) -> dict:
         if m.tensors:
             exact = sum("(exact)" in v for v in m.tensors.values())
             row["exact_tensors"] = f"{exact}/{len(m.tensors)}"
+        row["measured"] = time.strftime("%Y-%m-%d %H:%M")
         rows[name] = row
+        saved.write_text(json.dumps(result, indent=1))
         log(f"  t(1) {row['ms'][1]:.1f} ms ({row['vs_baseline'][1]:.2f}x baseline), top-1 {row['top1_agreement']:.3f}")
         del engine
-    return {"role": role, "reference": str(ref_path.relative_to(ROOT)), "context": CONTEXT, "rows": rows}
+    return result
 
 
 # ---------------------------------------------------------------- report
@@ -276,7 +286,9 @@ def table(result: dict) -> list[str]:
         cells = [name, f"{r['size_mib']:.0f}", f"{r['ms'][1]:.1f}", f"{r['vs_baseline'][1]:.2f}"]
         cells += [f"{r['verify_ratio'][w]:.2f}" for w in widths[1:]]
         cells += [f"{r['max_abs_logit_diff']:.2f}", f"{r['top1_agreement']:.3f}"]
-        if role == "target":
+        if role == "target" and "greedy_equal" not in r:
+            cells += ["(not run)", "-"]
+        elif role == "target":
             firsts = ",".join("-" if f is None else str(f) for f in r["first_differences"])
             cells += [str(r["greedy_equal"]), firsts]
         else:
@@ -312,6 +324,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results/quant")
     parser.add_argument("--role", choices=["target", "draft", "both"], default="both")
     parser.add_argument("--reps", type=int, default=9, help="timed rounds per variant (alternating with baseline)")
+    parser.add_argument("--fresh", action="store_true", help="measure every variant again (default: keep saved rows)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     roles = ["target", "draft"] if args.role == "both" else [args.role]
@@ -323,7 +336,7 @@ def main() -> int:
         texts_file.write_text(json.dumps(reference_texts(reference_bundle("target"), DEFAULT_PROMPTS, 128)))
     texts = json.loads(texts_file.read_text())
     for role in roles:
-        result = measure_role(role, args.reps, texts)
+        result = measure_role(role, args.reps, texts, args.out / f"{role}.json", args.fresh)
         result["command"] = "python scripts/bench_quant.py " + " ".join(sys.argv[1:])
         result["measured"] = time.strftime("%Y-%m-%d %H:%M")
         (args.out / f"{role}.json").write_text(json.dumps(result, indent=1))
