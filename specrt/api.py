@@ -1,32 +1,39 @@
 """The public entry point: `load` a target (and optionally a draft) bundle, then `generate`.
 
-    engine = specrt.load(target="engines/qwen-1.5b", draft="engines/qwen-0.5b")
+    engine = specrt.load(target="engines/qwen-1.5b", draft="engines/qwen-0.5b", max_batch=4)
     gen = engine.generate("def fib(n):", specrt.GenerationOptions(max_new_tokens=64))
     for text in gen:
         print(text, end="", flush=True)
     print(gen.stats.summary())
 
-An Engine owns one KV cache per model, so it runs one generation at a time; create one Engine per worker.
+`generate` may be called from any number of threads at once: every call returns its own streaming
+Generation, and one scheduler thread runs the active ones as a batch of up to `max_batch` rows (more wait
+in arrival order). The thread runs while there is work and stops when there is none.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 
+from .batchcost import BatchCost
 from .bundle import check_pair, open_bundle
 from .costmodel import CostModel, StepCost
-from .drafters import ModelDrafter, NgramDrafter
-from .errors import OptionsError, PromptError
+from .drafters import NgramDrafter
+from .errors import EngineBusyError, OptionsError, PromptError
 from .generate import Generation
 from .options import GenerationOptions
-from .profile import WIDTHS, profile_for
+from .profile import WIDTHS, batch_profile_for, profile_for
+from .request import Request
+from .runner import Runner
+from .scheduler import Scheduler
 from .session import ModelSession, SessionOptions
-from .speculative import Speculator
 
 PathLike = str | os.PathLike
 
@@ -40,43 +47,119 @@ class Engine:
         draft_session_options: SessionOptions | None = None,
         ngram: bool = False,
         verify: bool = False,
+        max_batch: int = 1,
+        prefill_chunk: int = 128,
     ):
+        if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and 1 <= max_batch <= 256):
+            raise OptionsError(f"max_batch must be an integer in 1..256; got {max_batch!r}")
+        if not (isinstance(prefill_chunk, int) and not isinstance(prefill_chunk, bool) and prefill_chunk >= 1):
+            raise OptionsError(f"prefill_chunk must be an integer >= 1; got {prefill_chunk!r}")
         target_bundle = open_bundle(target, verify=verify)
         draft_bundle = open_bundle(draft, verify=verify) if draft is not None else None
         if draft_bundle is not None:
             check_pair(target_bundle, draft_bundle)  # before any weights are loaded
         self.tokenizer = target_bundle.load_tokenizer()
         session_options = session_options or SessionOptions()
-        self.target = ModelSession(target_bundle, session_options)
-        self.draft = ModelSession(draft_bundle, draft_session_options or session_options) if draft_bundle else None
+        self.max_batch = max_batch
+        self.target = ModelSession(target_bundle, session_options, rows=max_batch)
+        self.draft = (
+            ModelSession(draft_bundle, draft_session_options or session_options, rows=max_batch)
+            if draft_bundle
+            else None
+        )
         self.ngram = NgramDrafter() if ngram else None
-        # Learned across generations, deliberately (a service's prompts resemble each other): acceptance per
-        # drafter (as a light prior for the next prompt) and live step-cost scales. Built at the first auto-k
+        self.scheduler = Scheduler(Runner(self.target, self.draft), max_batch, prefill_chunk, self._prepare)
+        # Learned across generations, deliberately (a service's prompts resemble each other): per drafter, a
+        # template cost model whose step costs and calibration every request shares and whose acceptance is
+        # each new request's light prior (the last finished request's estimate). Built at the first auto-k
         # generation; a later, larger max_draft_tokens reads widths past the profile by extrapolation.
         self._costs: dict[str, CostModel] = {}
-        # Held by the generation that is running: the caches hold one sequence, so a second generation
-        # interleaved with it would silently corrupt the first (EngineBusyError instead).
-        self._turn = threading.Lock()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
-    def _cost_models(self, options: GenerationOptions, context: int) -> dict[str, CostModel]:
-        """Cost models for auto k, from each bundle's cost profile (measured now if this machine has none)."""
-        if options.num_draft_tokens is not None:
-            return {}
+    # ------------------------------------------------------------------ the scheduler thread
+
+    def _submit(self, request: Request) -> None:
+        with self._lock:
+            self._inbox.put(request)
+            self._wake.set()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="specrt-scheduler", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        """Rounds while there is work; the thread ends when there is none (the next submit starts another),
+        so an idle engine holds no thread and can be garbage-collected."""
+        scheduler = self.scheduler
+        while True:
+            with self._lock:
+                self._wake.clear()
+                while not self._inbox.empty():
+                    scheduler.submit(self._inbox.get())
+                if not scheduler.has_work():
+                    self._thread = None
+                    return
+            try:
+                scheduler.step()
+            except BaseException as e:  # a bug in a round: fail its requests, keep serving the others
+                for r in [*scheduler.running, *scheduler.waiting]:
+                    r.fail(e)
+                scheduler.slots = [None] * len(scheduler.slots)
+                scheduler.waiting.clear()
+
+    @property
+    def stats(self) -> dict:
+        """The engine's counters: rounds, batch sizes, k chosen, acceptance per position, queue wait."""
+        return {**self.scheduler.stats.to_dict(), "running": len(self.scheduler.running)}
+
+    # ------------------------------------------------------------------ cost models
+
+    def _prepare(self, request: Request) -> None:
+        """At admission, in the scheduler thread: the request's own cost models (auto k). Profiles missing
+        for this machine are measured here, in the request's own slot before its prefill, and, for the
+        batch's costs, over every slot while no other request holds one."""
+        if request.options.num_draft_tokens is not None or not request.drafters:
+            return
+        options, context, slot = request.options, len(request.prompt), request.slot
         if not self._costs:
-            target = StepCost(profile_for(self.target, options.max_draft_tokens + 1, context))
+            target = StepCost(profile_for(self.target, options.max_draft_tokens + 1, context, slot))
             if self.draft is not None:
                 # Widths past 1 price the draft's catch-ups after rounds it sat out.
-                draft = StepCost(profile_for(self.draft, max(WIDTHS), context))
+                draft = StepCost(profile_for(self.draft, max(WIDTHS), context, slot))
                 self._costs["model"] = CostModel(target, draft)
             if self.ngram is not None:
                 self._costs["ngram"] = CostModel(target, None)  # the same target StepCost: one live scale
-        return self._costs
+        if self.max_batch > 1 and self.scheduler.batch_cost is None and len(self.scheduler.running) == 1:
+            draft = batch_profile_for(self.draft) if self.draft is not None else None
+            self.scheduler.batch_cost = BatchCost(batch_profile_for(self.target), draft)
+        request.costs = self._request_costs()
+
+    def _request_costs(self) -> dict[str, CostModel]:
+        """Each request's own cost models: the shared step costs and calibration, its own acceptance
+        (starting from the last request's as a light prior) and probing schedule."""
+        own = {}
+        for name, template in self._costs.items():
+            cost = replace(template, acceptance=copy.deepcopy(template.acceptance))
+            cost.start_generation()
+            template.acceptance = cost.acceptance  # the next request starts from what this one learns
+            own[name] = cost
+        return own
 
     def reset(self) -> None:
-        """Forget the cached context (the next prompt is prefilled from scratch)."""
-        self.target.kv.reset()
-        if self.draft is not None:
-            self.draft.kv.reset()
+        """Forget the cached contexts (the next prompts are prefilled from scratch)."""
+        with self._lock:
+            busy = self.scheduler.has_work() or not self._inbox.empty()
+            thread = self._thread
+        if busy:
+            raise EngineBusyError("generations are running; reset() the engine once they have finished")
+        if thread is not None:
+            thread.join()  # an idle scheduler thread is on its way out
+        with self._lock:
+            for session in (self.target, self.draft):
+                for row in session.kv.rows if session is not None else []:
+                    row.reset()
 
     @property
     def max_seq_len(self) -> int:
@@ -124,14 +207,18 @@ class Engine:
             raise OptionsError("chat=True and system need a text prompt, not token ids")
         else:
             ids = self.token_ids(prompt)
-        drafters: list[ModelDrafter | NgramDrafter] = []
+        if not ids:
+            raise PromptError("the prompt is empty; give at least one token of text")
+        if len(ids) >= self.max_seq_len:
+            raise PromptError(
+                f"the prompt has {len(ids)} tokens but {self.target.bundle.path} holds at most {self.max_seq_len} "
+                "(max_seq_len), leaving no room to generate; shorten the prompt or re-export with a larger "
+                "--max-seq-len"
+            )
+        request = Request(ids, options, set(self.tokenizer.eos_token_ids), self.max_seq_len)
         if options.num_draft_tokens != 0:
-            drafters += [self.ngram] if self.ngram is not None else []
-            drafters += [ModelDrafter(self.draft)] if self.draft is not None else []
-        costs = self._cost_models(options, len(ids)) if drafters else {}
-        for cost in costs.values():
-            cost.start_generation()
-        return Generation(Speculator(self.target, drafters, options, costs), self.tokenizer, ids, self._turn)
+            request.drafters = [d for d in (self.ngram, self.draft) if d is not None]
+        return Generation(request, self.tokenizer, self._submit)
 
     def complete(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **kw) -> Generation:
         """Run a generation to the end and return it (text, token_ids, stats, finish_reason)."""
@@ -161,11 +248,13 @@ def load(
     spinning: bool = True,
     ngram: bool = False,
     verify: bool = False,
+    max_batch: int = 1,
 ) -> Engine:
     """Load bundles for generation. threads=0 lets ONNX Runtime choose; ngram=True adds prompt-lookup
     drafting (alone, or beside the draft model: with auto k the one promising more tokens/s drafts each round).
     Every load checks each bundle file's size and the small files' SHA-256 against the manifest; verify=True
-    hashes the weights too (seconds per GB).
+    hashes the weights too (seconds per GB). max_batch: how many generations run at once as one batch
+    (bundles of the standard graph; each row is a KV slot of max_seq_len positions in each model).
 
     spinning=True lets ONNX Runtime's worker threads spin while a run waits for work (they sleep otherwise,
     and waking them costs at every parallel section). With a draft loaded they stop spinning as soon as a
@@ -177,4 +266,4 @@ def load(
         device=device, intra_op_threads=threads, allow_spinning=spinning, spin_between_runs=draft is None
     )
     draft_opts = replace(opts, intra_op_threads=threads if draft_threads is None else draft_threads)
-    return Engine(target, draft, opts, draft_opts, ngram=ngram, verify=verify)
+    return Engine(target, draft, opts, draft_opts, ngram=ngram, verify=verify, max_batch=max_batch)

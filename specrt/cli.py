@@ -419,6 +419,7 @@ def _describe(path: Path, m) -> str:
         f"architecture  {a.model_type}: {a.num_layers} layers, hidden {a.hidden_size}, heads {a.num_heads}/"
         f"{a.num_kv_heads} kv, head_dim {a.head_dim}, vocab {a.vocab_size}",
         f"max_seq_len   {m.max_seq_len}   dtype {m.dtype}   quantization {quant}",
+        f"graph         {m.graph.flavour} ({m.graph.attention}, opset {m.graph.opset})",
         f"tokenizer     {m.tokenizer.sha256[:16]}  eos {m.tokenizer.eos_token_ids}  "
         f"chat template {'yes' if m.tokenizer.chat_template else 'no'}",
         f"source        {m.source.path} ({m.source.format}, sha256 {m.source.weights_sha256[:16]})",

@@ -315,15 +315,19 @@ class CostModel:
         draft_step_ms: float | None,
         target_ms: float,
         confidences: list[float] | None = None,
+        timed: bool = True,
     ) -> None:
         """One drafting round (k > 0): its acceptance, the mean time of one draft step (None: not measured),
         the time of the target's (k + 1)-token pass, and the draft's probability of each drafted token (None:
-        a drafter without one); a draft after the first rejection was never tested and teaches nothing."""
+        a drafter without one); a draft after the first rejection was never tested and teaches nothing.
+        timed=False: the times were of a batched round, which prices the batch, not this row's forwards."""
         self.acceptance.update(k, accepted)
         for i, confidence in enumerate((confidences or [])[: accepted + 1]):
             self.calibration.update(confidence, i < accepted)
-        if self.draft is not None and draft_step_ms is not None:
-            self.draft.observe(1, context, draft_step_ms)
         if self._probing:
             self._backoff = 8 if accepted == k else min(2 * self._backoff, 256)
+        if not timed:
+            return
+        if self.draft is not None and draft_step_ms is not None:
+            self.draft.observe(1, context, draft_step_ms)
         self.target.observe(k + 1, context, target_ms)

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .batchcost import BATCHES, BatchProfile, measure_batch
+from .batchcost import WIDTHS as BATCH_WIDTHS
 from .session import ModelSession, SessionOptions
 
 PROFILE_DIR = "profiles"
@@ -157,6 +159,7 @@ def measure(
     widths: tuple[int, ...] | list[int] = WIDTHS,
     contexts: tuple[int, ...] | list[int] = CONTEXTS,
     reps: int = 3,
+    slot: int = 0,
 ) -> CostProfile:
     """Median time of one forward of S tokens after `context` cached positions, for every (context, S).
 
@@ -169,16 +172,17 @@ def measure(
     # Contexts beyond what the buffers hold are measured at the largest one that fits (never dropped: an
     # empty profile would answer nothing).
     contexts = sorted({max(0, min(c, session.max_len - max(widths))) for c in contexts})
+    row = session.kv.rows[slot]  # the slot measured in: what it held is gone (the caller gives a free one)
     times: dict[tuple[int, int], list[float]] = {(c, w): [] for c in contexts for w in widths}
     for rnd in range(reps + 1):
         for c, w in times if rnd % 2 else reversed(list(times)):
-            session.kv.reset()
-            session.kv.advance([0] * c)
+            row.reset()
+            row.advance([0] * c)
             t0 = time.perf_counter()
-            session.forward([0] * w, keep=w)
+            session.forward_slot(slot, [0] * w, keep=w)
             if rnd:
                 times[c, w].append(1000 * (time.perf_counter() - t0))
-    session.kv.reset()
+    row.reset()
     ms = []
     for c in contexts:
         row = [statistics.median(times[c, w]) for w in widths]
@@ -193,14 +197,39 @@ def measure(
     )
 
 
-def profile_for(session: ModelSession, max_width: int, context: int) -> CostProfile:
-    """The cached profile of this session's machine, or a quick one measured now (and cached)."""
+def profile_for(session: ModelSession, max_width: int, context: int, slot: int = 0) -> CostProfile:
+    """The cached profile of this session's machine, or a quick one measured now in `slot` (and cached)."""
     found = load_profile(session.bundle.path, session.options)
     if found is not None and max(found.widths) >= max_width:
         return found
-    quick = measure(session, widths=list(range(1, max_width + 1)), contexts=[max(context, 1)], reps=2)
+    quick = measure(session, widths=list(range(1, max_width + 1)), contexts=[max(context, 1)], reps=2, slot=slot)
     # Saved under a name of its own ("...-quick"), so that `specrt inspect` tells it from a full one and a
     # full profile of the same settings, once measured, is the one loaded.
     quick.settings += "-quick"
     quick.save(session.bundle.path)
     return quick
+
+
+def batch_profile_for(session: ModelSession) -> BatchProfile:
+    """t(B, S) of this session's bundle on this machine: read from the bundle, or measured now over all of
+    the session's slots (the caller makes sure none holds a running sequence) and saved."""
+    path = (
+        session.bundle.path
+        / PROFILE_DIR
+        / f"{_key(machine_signature(session.options))}-{_settings(session.options)}-batch.json"
+    )
+    slots = len(session.kv.rows)
+    try:
+        found = BatchProfile(**json.loads(path.read_text()))
+        if max(found.batches) >= min(slots, max(BATCHES)) and found.widths == list(BATCH_WIDTHS):
+            return found
+    except (OSError, ValueError, TypeError):
+        pass
+    batches = sorted({b for b in BATCHES if b <= slots} | {slots})
+    prof = measure_batch(session, batches, BATCH_WIDTHS)
+    try:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(asdict(prof), indent=1))
+    except OSError:
+        pass
+    return prof

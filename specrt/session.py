@@ -221,6 +221,14 @@ class ModelSession:
         self.kv.advance(list(ids))
         return out[0]
 
+    def forward_slot(self, slot: int, ids: Sequence[int], keep: int = 1) -> np.ndarray:
+        """forward() for any slot (a gqa graph has slot 0 only)."""
+        if self.graph.flavour == "standard":
+            return self.run([slot], [ids], [keep])[0]
+        if slot != 0:
+            raise ValueError(f"a {self.graph.flavour} graph has one slot; got slot {slot}")
+        return self.forward(ids, keep)
+
     def run(self, slots: Sequence[int], ids: Sequence[Sequence[int]], keep: Sequence[int]) -> list[np.ndarray]:
         """One graph run for several rows (standard graph): slot slots[i] appends ids[i] to its cached
         context; returns, per row, the logits [keep[i], vocab] of its last keep[i] new positions.

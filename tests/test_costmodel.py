@@ -210,16 +210,32 @@ def test_probes_still_happen_when_the_draft_must_catch_up_first():
     assert late == [0] * 100  # a 200-token catch-up is more than 2% of 120 plain steps: no probe
 
 
-def test_draft_step_time_leaves_out_catch_up(zoo):
-    from specrt.drafters import ModelDrafter
+def _runner_request(zoo, prompt, options=None):
+    """A runner over the tiny target (as target and as draft) and a request holding slot 0."""
+    from specrt import GenerationOptions, open_bundle
+    from specrt.request import Request
+    from specrt.runner import Runner
 
-    drafter = ModelDrafter(ModelSession(__import__("specrt").open_bundle(zoo.target())))
-    prompt = list(range(3, 40))
-    drafter.propose(prompt, 1, lambda logits: (int(logits.argmax()), None))
-    assert drafter.last_step_ms is None  # the only forward was the 37-token catch-up
-    drafter.keep(len(prompt))
-    drafter.propose(prompt + [5], 3, lambda logits: (int(logits.argmax()), None))
-    assert drafter.last_step_ms is not None and drafter.last_step_ms > 0
+    target, draft = (ModelSession(open_bundle(zoo.target()), SessionOptions(allow_spinning=False)) for _ in range(2))
+    r = Request(prompt, options or GenerationOptions(), set(), target.max_len)
+    r.slot = 0
+    return Runner(target, draft), r
+
+
+def test_draft_step_time_leaves_out_catch_up(zoo, monkeypatch):
+    import time
+
+    runner, r = _runner_request(zoo, list(range(3, 40)))
+    real = runner.draft.run
+
+    def run(slots, ids, keep):  # a catch-up (a wide row) is made to cost 50 ms, a draft step 1 ms
+        time.sleep(0.05 if max(len(x) for x in ids) > 2 else 0.001)
+        return real(slots, ids, keep)
+
+    monkeypatch.setattr(runner.draft, "run", run)
+    p = runner.propose([(r, 3)], lambda *a: True)[r.id]
+    assert len(p.tokens) == 3 and runner.draft.kv.rows[0].length == len(r.tokens) + 2
+    assert p.step_ms is not None and p.step_ms < 25  # the 37-token catch-up is not a draft step
 
 
 def test_slow_verify_passes_do_not_make_plain_steps_look_slow():
@@ -297,13 +313,12 @@ def test_speculation_must_beat_plain_decoding_by_a_margin():
 def test_auto_k_lets_the_drafter_that_promises_more_draft(zoo, ngram_alpha, model_alpha, expected):
     # Both drafters have something to offer; the n-gram lookup is free and tried first, but a weak n-gram
     # match must not displace a strong draft model (and a strong one wins over a weak model).
-    from specrt import GenerationOptions, open_bundle
-    from specrt.drafters import ModelDrafter
-    from specrt.speculative import Speculator
+    from specrt.scheduler import Scheduler
 
-    target, draft = (ModelSession(open_bundle(zoo.target())) for _ in range(2))
+    tokens = [5, 6, 7, 8, 5, 6, 7]  # the n-gram lookup proposes 8 5 6 7
+    runner, r = _runner_request(zoo, tokens)
     target_cost = StepCost(flat_profile({s: 100.0 for s in range(1, 10)}))
-    costs = {
+    r.costs = {
         "ngram": CostModel(target_cost, None, AcceptanceEstimate(prior=ngram_alpha, prior_weight=1e9)),
         "model": CostModel(
             target_cost,
@@ -311,11 +326,10 @@ def test_auto_k_lets_the_drafter_that_promises_more_draft(zoo, ngram_alpha, mode
             AcceptanceEstimate(prior=model_alpha, prior_weight=1e9),
         ),
     }
-    spec = Speculator(target, [ModelDrafter(draft), NgramDrafter()], GenerationOptions(), costs)
-    tokens = [5, 6, 7, 8, 5, 6, 7]  # the n-gram lookup proposes 8 5 6 7
-    target.forward(tokens[:-1], keep=1)
-    drafter, drafted, _ = spec._draft(tokens, 64)
-    assert drafter.name == expected and len(drafted) > 0
+    r.drafters = [NgramDrafter(), runner.draft]
+    runner.target.forward(tokens[:-1], keep=1)
+    plan = Scheduler(runner, 1)._plan(r)
+    assert plan.drafter == expected and plan.k > 0
 
 
 def test_a_quick_profile_is_saved_apart_and_reused(zoo, tmp_path):
@@ -398,22 +412,20 @@ def test_rounds_observed_teach_the_calibration_up_to_the_first_rejection():
 def test_model_drafter_stops_when_told_and_reports_its_confidence(zoo):
     import numpy as np
 
-    from specrt.drafters import ModelDrafter
-
-    session = ModelSession(__import__("specrt").open_bundle(zoo.target()), SessionOptions(allow_spinning=False))
-    drafter = ModelDrafter(session)
     prompt = list(range(3, 20))
-    greedy = lambda logits: (int(logits.argmax()), None)  # noqa: E731
+    runner, r = _runner_request(zoo, prompt)
     seen = []
-    drafted, _ = drafter.propose(prompt, 6, greedy, lambda conf: seen.append(list(conf)) or len(conf) < 2)
-    assert len(drafted) == 2 and seen == [drafter.last_confidences[:1], drafter.last_confidences]
+    p = runner.propose([(r, 6)], lambda req, k, conf: seen.append(list(conf)) or len(conf) < 2)[r.id]
+    assert len(p.tokens) == 2 and seen == [p.confidences[:1], p.confidences]
     # The confidence is the draft's probability of its token: recompute it from a fresh forward.
+    session = runner.target
     session.kv.reset()
     logits = session.forward(prompt, keep=1)[-1].astype(np.float64)
-    p = np.exp(logits - logits.max())
-    assert drafter.last_confidences[0] == pytest.approx(p.max() / p.sum(), rel=1e-5)
-    drafter.keep(len(prompt))
-    assert len(drafter.propose(prompt + drafted[:1], 3, greedy)[0]) == 3  # without `more`: exactly k
+    q = np.exp(logits - logits.max())
+    assert p.confidences[0] == pytest.approx(q.max() / q.sum(), rel=1e-5)
+    runner.draft.kv.rows[0].truncate(len(prompt))
+    r.tokens = prompt + p.tokens[:1]
+    assert len(runner.propose([(r, 3)], lambda *a: True)[r.id].tokens) == 3  # never told to stop: exactly k
 
 
 def test_plain_decoding_is_timed_before_betting_against_it():

@@ -189,10 +189,11 @@ def test_other_drafting_modes_match_target(engine, lookup_engines, variant, monk
     k = None if "auto k" in variant else 2
     e = lookup_engines[variant]
     stopped: list[bool] = []  # per keep_drafting verdict: did the round end there?
-    if variant == "auto k, early stops":
-        cost = e._costs["model"]
-        decide = cost.keep_drafting
-        monkeypatch.setattr(cost, "keep_drafting", lambda *a: stopped.append(not decide(*a)) or not stopped[-1])
+    if variant == "auto k, early stops":  # every request's cost model is a copy: watch the method itself
+        from specrt.costmodel import CostModel
+
+        decide = CostModel.keep_drafting
+        monkeypatch.setattr(CostModel, "keep_drafting", lambda *a: stopped.append(not decide(*a)) or not stopped[-1])
     options = GenerationOptions(
         max_new_tokens=NEW, num_draft_tokens=k, max_draft_tokens=2, ignore_eos=True, temperature=1.0
     )

@@ -96,13 +96,13 @@ def _rollback_one_short(self, n):
 
 @pytest.mark.parametrize("mutation", ["accept every draft", "roll back one position short"])
 def test_equality_check_catches_a_broken_loop(engines, reference, monkeypatch, mutation):
-    from specrt.kvcache import KVCache
-    from specrt.speculative import Speculator
+    from specrt import speculative
+    from specrt.kvcache import Row
 
     if mutation == "accept every draft":
-        monkeypatch.setattr(Speculator, "_verify_greedy", staticmethod(_accept_all))
+        monkeypatch.setattr(speculative, "verify_greedy", _accept_all)
     else:
-        monkeypatch.setattr(KVCache, "rollback", _rollback_one_short)
+        monkeypatch.setattr(Row, "rollback", _rollback_one_short)
     options = GenerationOptions(max_new_tokens=40, num_draft_tokens=4, ignore_eos=True)
     mismatches = sum(engines["noisy"].complete(p, options).token_ids != reference[p] for p in PROMPTS)
     assert mismatches > 0, f"greedy equality did not notice '{mutation}'"

@@ -1,0 +1,290 @@
+"""The scheduler: decides each round which requests run, which prompt chunk is prefilled and how many tokens
+every row drafts, then applies the speculative maths per row.
+
+Requests wait in arrival order until a slot (a KV row in each model) is free; a finished or cancelled
+request frees its slot at once. A round is: at most one prefill chunk (of the oldest request still
+prefilling: `chunk` tokens when others are decoding, so they stall for one chunk at most, the whole prompt
+when nobody else is waiting on the cores), then one speculative round over every running row: each row's
+drafter and k (its own cost model as if alone, then the batch's ceiling: batchcost.py), the batched draft
+steps and the ONE batched verify pass (runner.py), and per row acceptance, rollback by counters, and
+commit (request.py). Batch 1 is this same path with one row; target-only decoding is k = 0 in it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from .batchcost import BatchCost
+from .drafters import NgramDrafter
+from .request import Request
+from .runner import Proposal, Runner
+from .speculative import pick, verify
+
+
+@dataclass
+class Plan:
+    """One row's part of a round: who drafts, how many tokens at most, and what was proposed."""
+
+    drafter: str | None  # "model", "ngram" or None (a plain step)
+    k: int
+    lookup: list[int] = field(default_factory=list)  # prompt lookup's proposal
+    proposal: Proposal = field(default_factory=Proposal)
+
+    def capped(self, k: int) -> Plan:
+        return Plan(self.drafter if k else None, k, self.lookup[:k])
+
+
+class EngineStats:
+    """Counters of the whole engine (the server's /metrics reads them)."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.batch_sizes: Counter = Counter()  # running rows per round -> rounds
+        self.k_chosen: Counter = Counter()  # k per row-round -> count
+        self.drafts = 0  # row-rounds that drafted
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.accepted_per_position: Counter = Counter()  # draft position (1-based) -> accepted
+        self.queue_wait_s: list[float] = []  # per admitted request (the last 1000)
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.requests: Counter = Counter()  # finish reason -> requests
+
+    def to_dict(self) -> dict:
+        waits = sorted(self.queue_wait_s)
+        return {
+            "rounds": self.rounds,
+            "batch_sizes": dict(sorted(self.batch_sizes.items())),
+            "k_chosen": dict(sorted(self.k_chosen.items())),
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accepted_per_position": dict(sorted(self.accepted_per_position.items())),
+            "queue_wait_p50_s": waits[len(waits) // 2] if waits else 0.0,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "requests": dict(self.requests),
+        }
+
+
+class Scheduler:
+    def __init__(self, runner: Runner, slots: int, chunk: int = 128, prepare=None):
+        self.runner = runner
+        self.prepare = prepare  # called with each request once it has a slot, before its prefill
+        self.slots: list[Request | None] = [None] * slots
+        self.waiting: deque[Request] = deque()
+        self.chunk = chunk
+        self.batch_cost: BatchCost | None = None  # set by the engine when it runs auto k at batch > 1
+        self.stats = EngineStats()
+
+    # ------------------------------------------------------------------ admission and retirement
+
+    def submit(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    @property
+    def running(self) -> list[Request]:
+        return [r for r in self.slots if r is not None]
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(r is not None for r in self.slots)
+
+    def _retire(self) -> None:
+        for i, r in enumerate(self.slots):
+            if r is not None and (r.state == "finished" or r.cancel.is_set()):
+                self._release(i, "cancelled")
+        while self.waiting and self.waiting[0].cancel.is_set():
+            self.waiting.popleft().finish("cancelled")
+
+    def _release(self, slot: int, reason: str) -> None:
+        r = self.slots[slot]
+        r.finish(reason)  # no-op when it already finished
+        self.stats.requests[r.stats.finish_reason] += 1
+        self.stats.generated_tokens += r.generated
+        # The target's slot keeps what it holds (a later prompt with the same prefix reuses it), cut to the
+        # committed tokens: positions past them may hold a round's rejected drafts.
+        target, draft = self.runner.target.kv.rows[slot], self.runner.draft
+        target.truncate(len(r.tokens) - 1)
+        if draft is not None:
+            draft.kv.rows[slot].truncate(len(r.tokens))
+        self.slots[slot] = None
+
+    def _admit(self) -> None:
+        while self.waiting and None in self.slots:
+            r = self.waiting.popleft()
+            if r.cancel.is_set():
+                r.finish("cancelled")
+                continue
+            free = [i for i, s in enumerate(self.slots) if s is None]
+            # The free slot that already holds the longest prefix of this prompt (a follow-up turn, a
+            # repeated system prompt); at least one prompt token is always fed to get the first logits.
+            rows = self.runner.target.kv.rows
+            slot = max(free, key=lambda i: (rows[i].common_prefix(r.prompt), -i))
+            rows[slot].truncate(min(rows[slot].common_prefix(r.prompt), len(r.prompt) - 1))
+            if self.runner.draft is not None:
+                draft = self.runner.draft.kv.rows[slot]
+                draft.truncate(draft.common_prefix(r.prompt))
+            r.slot, r.state = slot, "prefilling"
+            r.started = time.perf_counter()
+            self.slots[slot] = r
+            if self.prepare is not None:
+                self._guarded([r], lambda r=r: self.prepare(r))
+            r.prefilled = rows[slot].length  # (measuring a profile in the slot may have emptied it)
+            self.stats.queue_wait_s.append(r.started - r.submitted)
+            del self.stats.queue_wait_s[:-1000]
+            self.stats.prompt_tokens += len(r.prompt)
+
+    # ------------------------------------------------------------------ one round
+
+    def step(self) -> None:
+        """One round: retire, admit, one prefill chunk, one speculative round over the running rows."""
+        self._retire()
+        self._admit()
+        prefilling = [r for r in self.running if r.state == "prefilling"]
+        decoding = [r for r in self.running if r.state == "running"]
+        if prefilling:
+            self._guarded([prefilling[0]], lambda: self._prefill(prefilling[0], alone=not decoding))
+        if decoding:
+            self._guarded(decoding, lambda: self._round(decoding))
+        for i, r in enumerate(self.slots):
+            if r is not None and r.state == "finished":
+                self._release(i, r.stats.finish_reason or "cancelled")
+
+    def _guarded(self, rows: list[Request], work) -> None:
+        """A failure (a graph run that raised) fails the requests it touched, not the engine."""
+        try:
+            work()
+        except Exception as e:  # noqa: BLE001 - handed to the requests' readers
+            for r in rows:
+                r.fail(e)
+                self._release(r.slot, "error")
+
+    def _prefill(self, r: Request, alone: bool) -> None:
+        t0 = time.perf_counter()
+        logits = self.runner.prefill(r, len(r.prompt) if alone else self.chunk)
+        r.stats.prefill_s += time.perf_counter() - t0
+        r.stats.runtime_s += time.perf_counter() - t0
+        if logits is not None:
+            first, _ = pick(logits, r.options, r.rng)
+            r.state = "running"
+            r.commit([first])
+
+    def _round(self, rows: list[Request]) -> None:
+        plans = [self._plan(r) for r in rows]
+        if len(rows) > 1 and self.batch_cost is not None:  # the batch's ceiling on the rows' own choices
+            ks = self.batch_cost.choose(
+                [p.k for p in plans],
+                [self._expected(r, p.drafter) for r, p in zip(rows, plans, strict=True)],
+                [r.options.num_draft_tokens is not None for r in rows],
+                [p.drafter == "model" for p in plans],
+            )
+            plans = [p.capped(k) for p, k in zip(plans, ks, strict=True)]
+        t0 = time.perf_counter()
+        drafting = [(r, p.k) for r, p in zip(rows, plans, strict=True) if p.drafter == "model" and p.k]
+        proposals = self.runner.propose(drafting, self._keep_drafting)
+        draft_ms = 1000 * (time.perf_counter() - t0)
+        for r, p in zip(rows, plans, strict=True):
+            if p.drafter == "model" and p.k:
+                p.proposal = proposals[r.id]
+            elif p.drafter == "ngram" and p.k:
+                p.proposal = Proposal(p.lookup, [None] * len(p.lookup))
+        logits, verify_ms = self.runner.verify([(r, p.proposal.tokens) for r, p in zip(rows, plans, strict=True)])
+        if len(rows) > 1 and self.batch_cost is not None:
+            drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == "model" for p in plans]
+            self.batch_cost.observe(self.batch_cost.round_ms(drafted, model), draft_ms + verify_ms)
+        self.stats.rounds += 1
+        self.stats.batch_sizes[len(rows)] += 1
+        for r, p, row_logits in zip(rows, plans, logits, strict=True):
+            self._accept(r, p, row_logits, draft_ms if p.drafter == "model" and p.k else 0.0, verify_ms, len(rows))
+
+    def _accept(self, r: Request, plan: Plan, logits, draft_ms: float, verify_ms: float, batch: int) -> None:
+        drafted, k = plan.proposal.tokens, len(plan.proposal.tokens)
+        n, nxt = verify(logits, drafted, plan.proposal.q, r.options, r.rng)
+        # Rejected drafts leave the caches by moving their length counters; no buffer is touched.
+        before = len(r.tokens)
+        self.runner.target.kv.rows[r.slot].rollback(k - n)
+        if self.runner.draft is not None:
+            self.runner.draft.kv.rows[r.slot].truncate(before + n)
+        s, e = r.stats, self.stats
+        s.rounds += 1
+        s.drafted += k
+        s.accepted += n
+        s.k_histogram[k] += 1
+        s.rounds_by_drafter[f"{plan.drafter if k else 'none'}/{k}"] += 1
+        s.draft_s += draft_ms / 1000
+        s.target_s += verify_ms / 1000
+        s.runtime_s += (verify_ms + draft_ms) / 1000
+        e.k_chosen[k] += 1
+        if k:
+            e.drafts += 1
+            e.draft_tokens += k
+            e.accepted_tokens += n
+            for i in range(1, n + 1):
+                e.accepted_per_position[i] += 1
+        # The cost models compare forwards with forwards measured at batch 1 (a batched pass prices the
+        # batch, not a row): the batch's own cost learns from batched rounds (BatchCost.observe).
+        cost = r.costs.get(plan.drafter) if k else None
+        if cost is not None:  # acceptance is the row's own whatever the batch; timings only at batch 1
+            p = plan.proposal
+            cost.observe(k, n, before, p.step_ms, verify_ms, p.confidences or None, timed=batch == 1)
+        elif r.costs and batch == 1:  # a plain step still tells how fast the target runs now
+            next(iter(r.costs.values())).target.observe(1, before, verify_ms)
+        r.commit([*drafted[:n], nxt])
+
+    # ------------------------------------------------------------------ per-row choices
+
+    def _plan(self, r: Request) -> Plan:
+        """The row's drafter and k as if it ran alone (the request's options, its cost models); prompt
+        lookup's proposal when n-gram drafts. With a fixed k the cheapest drafter with something to offer
+        drafts (n-gram first); with auto k each drafter's cost model picks its k and the one promising the
+        most tokens per millisecond drafts."""
+        fixed, options = r.options.num_draft_tokens, r.options
+        length = len(r.tokens)
+        # The round yields at most k + 1 tokens, and the k + 1 positions fed must fit the target's slot.
+        k_cap = min(r.remaining - 1, fixed if fixed is not None else options.max_draft_tokens)
+        k_cap = min(k_cap, self.runner.target.max_len - length - 1)
+        best = None  # (tokens/ms, drafter name, k, lookup proposal)
+        for drafter in r.drafters:
+            cap = k_cap
+            found = None
+            if isinstance(drafter, NgramDrafter):  # free to look up first: its length caps k
+                found = drafter.lookup(r.tokens, cap)
+                cap, name, behind = len(found), "ngram", 0
+            else:
+                name = "model"
+                # The draft holds everything but its last proposal: length + k - 1 <= its max_len.
+                cap = min(cap, self.runner.draft.max_len - length + 1)
+                behind = length - self.runner.draft.kv.rows[r.slot].length
+            if cap <= 0:
+                continue
+            cost = r.costs.get(name)
+            if fixed is not None or cost is None:
+                best = (0.0, name, cap, found)
+                break
+            k = cost.choose(cap, length, behind, r.remaining)
+            rate = cost.tokens_per_ms(k, length) if k else 0.0
+            if k and (best is None or rate > best[0]):
+                best = (rate, name, k, found)
+        if best is None:
+            return Plan(None, 0)
+        _, name, k, found = best
+        return Plan(name, k, found[:k] if found is not None else [])
+
+    @staticmethod
+    def _keep_drafting(r: Request, k: int, confidences: list[float]) -> bool:
+        """Under auto k the chosen k is a ceiling: the draft stops early where its own confidence says the
+        rest of the round would likely be rejected (a fixed k drafts exactly k). It depends on the draft
+        alone, so verification stays exact."""
+        cost = r.costs.get("model")
+        if cost is None or r.options.num_draft_tokens is not None:
+            return True
+        return cost.keep_drafting(confidences, k, len(r.tokens))
+
+    @staticmethod
+    def _expected(r: Request, drafter: str | None):
+        cost = r.costs.get(drafter) if drafter else None
+        if cost is None:  # fixed k or no cost model: a neutral estimate
+            return lambda k: 1.0 + 0.7 * k
+        return cost.acceptance.expected_tokens
