@@ -222,3 +222,62 @@ def test_seed_makes_sampling_reproducible(engine):
     b = engine.complete(PROMPT, options).token_ids
     c = engine.complete(PROMPT, GenerationOptions(**{**options.__dict__, "seed": 124})).token_ids
     assert a == b and a != c
+
+
+@pytest.fixture(scope="module")
+def batch_engine(engine):
+    return specrt.load(engine.target.bundle.path, engine.draft.bundle.path, max_batch=4)
+
+
+def sample_counts_batched(engine, options, n: int, threads: int = 3) -> np.ndarray:
+    """As sample_counts, but from `threads` threads at once beside a fourth that keeps generating with other
+    settings (greedy, another temperature, auto k): every sample shares its batch with different rows."""
+    import threading
+
+    counts = np.zeros((VOCAB,) * NEW)
+    lock, done = threading.Lock(), threading.Event()
+    others = [
+        GenerationOptions(max_new_tokens=6, ignore_eos=True),
+        GenerationOptions(max_new_tokens=5, temperature=0.5, top_k=3, ignore_eos=True, seed=1),
+        GenerationOptions(max_new_tokens=7, temperature=1.3, num_draft_tokens=1, ignore_eos=True),
+    ]
+
+    def sampler(first: int) -> None:
+        for seed in range(first, n, threads):
+            gen = engine.complete(PROMPT, GenerationOptions(**{**options.__dict__, "seed": seed}))
+            with lock:
+                counts[tuple(gen.token_ids)] += 1
+
+    def neighbour() -> None:
+        i = 0
+        while not done.is_set():
+            engine.complete(PROMPT[::-1], others[i % len(others)])
+            i += 1
+
+    workers = [threading.Thread(target=sampler, args=(t,)) for t in range(threads)]
+    noise = threading.Thread(target=neighbour)
+    for t in [*workers, noise]:
+        t.start()
+    for t in workers:
+        t.join()
+    done.set()
+    noise.join()
+    assert max(engine.stats["batch_sizes"]) == 4  # the samples really ran in full batches
+    return counts
+
+
+def test_batched_speculative_sampling_matches_target(batch_engine):
+    options = GenerationOptions(max_new_tokens=NEW, num_draft_tokens=2, ignore_eos=True, temperature=1.0)
+    report = distance_report(
+        exact_distribution(batch_engine, options), sample_counts_batched(batch_engine, options, 15_000)
+    )
+    assert not failed(report), report
+
+
+def test_broken_acceptance_rule_is_caught_in_a_batch(batch_engine, monkeypatch):
+    name, broken = MUTATIONS["resample from p instead of the residual (p-q)+"]
+    options = GenerationOptions(max_new_tokens=NEW, num_draft_tokens=2, ignore_eos=True, temperature=1.0)
+    exact = exact_distribution(batch_engine, options)
+    monkeypatch.setattr(speculative, name, broken)
+    report = distance_report(exact, sample_counts_batched(batch_engine, options, 10_000))
+    assert failed(report), f"the distribution check did not notice the broken rule in a batch: {report}"
