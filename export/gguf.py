@@ -104,7 +104,8 @@ class GGUFCheckpoint(Checkpoint):
         # input dimension, so the un-permutation moves whole rows of codes, scales and offsets.
         index = np.arange(shape[0], dtype=np.float32)[:, None]
         order = self._processor.process(weights=index, name=gguf_name).weights[:, 0].astype(np.int64)
-        return (blocks if np.array_equal(order, np.arange(shape[0])) else blocks.take_rows(order)), kind
+        blocks = blocks if np.array_equal(order, np.arange(shape[0])) else blocks.take_rows(order)
+        return blocks.centred(), kind
 
     def extra_eos_ids(self, tok: Any) -> list[Any]:
         ids = []

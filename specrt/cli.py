@@ -402,7 +402,7 @@ def _describe(path: Path, m) -> str:
     if q.method == "none":
         quant = "none"
     elif q.method == "native":
-        exact = sum("(exact)" in v for v in q.tensors.values())
+        exact = sum("NOT exact" not in v for v in q.tensors.values())
         quant = (
             f"native (the GGUF's own blocks, MatMulNBits accuracy level {q.accuracy_level}; {exact} of "
             f"{len(q.tensors)} weights exact, see inspect --json)"

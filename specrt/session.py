@@ -223,11 +223,7 @@ class ModelSession:
 
     def forward_slot(self, slot: int, ids: Sequence[int], keep: int = 1) -> np.ndarray:
         """forward() for any slot (a gqa graph has slot 0 only)."""
-        if self.graph.flavour == "standard":
-            return self.run([slot], [ids], [keep])[0]
-        if slot != 0:
-            raise ValueError(f"a {self.graph.flavour} graph has one slot; got slot {slot}")
-        return self.forward(ids, keep)
+        return self.run([slot], [ids], [keep])[0]
 
     def run(self, slots: Sequence[int], ids: Sequence[Sequence[int]], keep: Sequence[int]) -> list[np.ndarray]:
         """One graph run for several rows (standard graph): slot slots[i] appends ids[i] to its cached
@@ -239,6 +235,10 @@ class ModelSession:
         they are written again). The returned arrays are views of a buffer reused by the next run."""
         if len(slots) != len(ids) or len(ids) != len(keep) or not slots:
             raise ValueError("run needs one list of ids and one keep per slot, and at least one slot")
+        if self.graph.flavour != "standard":  # one row: the batch-1 graph's own call
+            if list(slots) != [0]:
+                raise ValueError(f"a {self.graph.flavour} graph runs slot 0 alone; got slots {list(slots)}")
+            return [self.forward(ids[0], keep[0])]
         if len(set(slots)) != len(slots) or min(slots) < 0 or max(slots) >= len(self.kv.rows):
             raise ValueError(f"slots {list(slots)} must be distinct and in [0, {len(self.kv.rows)})")
         width = max(len(x) for x in ids)

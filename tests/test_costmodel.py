@@ -111,7 +111,7 @@ def test_ngram_lookup():
 def test_profile_round_trip_and_machine_key(zoo, tmp_path):
     import shutil
 
-    bundle = shutil.copytree(zoo.target(), tmp_path / "b")
+    bundle = shutil.copytree(zoo.target(), tmp_path / "b", ignore=shutil.ignore_patterns("profiles"))
     session = ModelSession(__import__("specrt").open_bundle(bundle), SessionOptions(allow_spinning=False))
     prof = measure(session, widths=[1, 2, 4], contexts=[16, 64], reps=1)
     assert prof.machine == machine_signature(session.options) and prof.settings == "t0-nospin"

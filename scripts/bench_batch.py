@@ -1,0 +1,432 @@
+#!/usr/bin/env python
+"""Many requests at once: the batch engine against itself with speculation off and at fixed k, and against
+llama.cpp's llama-server, at concurrency 1, 2, 4, 8 (16 with --max-concurrency 16), on the real pair.
+
+    python scripts/bench_batch.py --out results/batch                  # about an hour on 2 cores
+    python scripts/bench_batch.py --targets int4 --concurrency 1 4      # a part of it
+
+Every request has a different prompt (code, prose and chat, in turn) and asks for 128 new tokens, EOS
+ignored; each concurrency level runs 2 x c requests from c client threads (each thread sends its next request
+when its last one ends), greedy and at temperature 0.7 (seeded). Configurations, each with max_batch = c:
+plain batching (k = 0), fixed k = 3 and 5, and auto k, for the fp32 and the int4 target (standard graph,
+int4 draft). Reported per cell: total output tokens/s (all tokens over the wall time of the level),
+per-request tokens/s (median), time to first token p50 / p99, the k chosen per round and the batch sizes
+seen, and the process's peak RSS. llama-server (built by scripts/build_llamacpp.sh) runs the same
+requests on the GGUF pair with -np c, plain and with --model-draft (draft-simple, k = 5), when built.
+
+The batch-1 engine of the commit before the batch engine (--baseline REV, run from a git worktree in a
+child process) is measured at concurrency 1 on the same prompts, alternating with this engine, for the
+"within 5% of today's engine" check. Writes <out>/batch.json, batch.md and batch.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLES = {
+    "fp32": ROOT / "engines/graphs/target-fp32-standard",
+    "int4": ROOT / "engines/graphs/target-int4-standard",
+    "draft": ROOT / "engines/graphs/draft-int4-standard",
+}
+GGUF = {
+    "target": ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf",
+    "draft": ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf",
+}
+CONFIGS = {"plain": 0, "k=3": 3, "k=5": 5, "auto": None}
+NEW_TOKENS = 128
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def prompt_set(n: int) -> list[tuple[str, bool, str]]:
+    """n different prompts (text, chat, kind): code, prose and chat in turn."""
+    code = [
+        "def merge_sort(items):\n",
+        "class LRUCache:\n    def __init__(self, capacity: int):\n",
+        'def parse_csv(path):\n    """Read a CSV file into a list of dicts."""\n',
+        "async def fetch_all(urls):\n",
+        "def levenshtein(a: str, b: str) -> int:\n",
+        "import numpy as np\n\ndef softmax(x):\n",
+    ]
+    prose = [
+        "Once upon a time, in a small village by the sea, there lived",
+        "The main causes of inflation in modern economies are",
+        "A good code review should",
+        "The history of the printing press begins",
+        "When planning a long hike, the most important thing is",
+        "Rivers shape the land around them by",
+    ]
+    chat = [
+        "Write a Python function that checks whether a string is a palindrome.",
+        "Explain what a hash table is and when to use one.",
+        "How do I reverse a linked list in place?",
+        "What is the difference between a process and a thread?",
+        "Write a SQL query that finds the second highest salary.",
+        "Explain big-O notation with an example.",
+    ]
+    kinds = [(t, False, "code") for t in code], [(t, False, "prose") for t in prose], [(t, True, "chat") for t in chat]
+    mixed = [item for triple in zip(*kinds, strict=True) for item in triple]
+    return [mixed[i % len(mixed)] for i in range(n)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+# ---------------------------------------------------------------- specrt
+
+
+def run_specrt(engine, concurrency: int, k: int | None, temperature: float) -> dict:
+    import specrt
+
+    prompts = prompt_set(2 * concurrency)
+    jobs = list(enumerate(prompts))
+    lock, results = threading.Lock(), []
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not jobs:
+                    return
+                i, (text, chat, _) = jobs.pop(0)
+            options = specrt.GenerationOptions(
+                max_new_tokens=NEW_TOKENS, num_draft_tokens=k, temperature=temperature, seed=i, ignore_eos=True
+            )
+            t0 = time.perf_counter()
+            gen = engine.generate(text, options, chat=chat)
+            first = None
+            for _ in gen:
+                first = first or time.perf_counter()
+            end = time.perf_counter()
+            with lock:
+                results.append({"ttft": (first or end) - t0, "s": end - t0, "tokens": len(gen.token_ids)})
+
+    before = engine.stats
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    after = engine.stats
+    ks = {int(k): v - before["k_chosen"].get(k, 0) for k, v in after["k_chosen"].items()}
+    sizes = {int(b): v - before["batch_sizes"].get(b, 0) for b, v in after["batch_sizes"].items()}
+    return summary(results, wall) | {
+        "k_chosen": {k: v for k, v in ks.items() if v},
+        "batch_sizes": {b: v for b, v in sizes.items() if v},
+    }
+
+
+def summary(results: list[dict], wall: float) -> dict:
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "requests": len(results),
+        "total_tokens_per_s": tokens / wall,
+        "per_request_tokens_per_s": statistics.median(r["tokens"] / r["s"] for r in results),
+        "ttft_p50_s": percentile([r["ttft"] for r in results], 0.5),
+        "ttft_p99_s": percentile([r["ttft"] for r in results], 0.99),
+        "wall_s": wall,
+    }
+
+
+def worker(target: str, levels: list[int], temperatures: list[float], out: Path) -> None:
+    """One target precision in its own process (its peak RSS is its own)."""
+    import resource
+
+    import specrt
+
+    rows = []
+    for c in levels:
+        engine = specrt.load(BUNDLES[target], BUNDLES["draft"], max_batch=c)
+        run_specrt(engine, 1, 2, 0.0)  # warm-up (and, for auto k, the cost profiles)
+        engine.complete("def f(x):", specrt.GenerationOptions(max_new_tokens=4))
+        for temperature in temperatures:
+            order = list(CONFIGS.items())
+            for name, k in order if c % 2 else order[::-1]:
+                log(f"{target} c={c} T={temperature} {name}")
+                row = run_specrt(engine, c, k, temperature)
+                rows.append({"target": target, "concurrency": c, "temperature": temperature, "config": name} | row)
+                total, ttft = row["total_tokens_per_s"], row["ttft_p50_s"]
+                log(f"  {total:.1f} tok/s total, ttft p50 {ttft:.2f} s, k {row['k_chosen']}")
+        del engine
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out.write_text(json.dumps({"rows": rows, "peak_rss_gib": peak}))
+
+
+# ---------------------------------------------------------------- llama.cpp
+
+
+def run_llamacpp(levels: list[int], temperatures: list[float]) -> list[dict]:
+    import socket
+    import urllib.request
+
+    try:
+        built = subprocess.run(
+            ["bash", str(ROOT / "scripts/build_llamacpp.sh")], check=True, capture_output=True, text=True, timeout=30
+        )
+    except (subprocess.SubprocessError, OSError):
+        log("llama.cpp is not built (bash scripts/build_llamacpp.sh): skipping llama-server")
+        return []
+    server_bin = Path(built.stdout.strip().splitlines()[-1]) / "llama-server"
+    import specrt
+
+    tok = specrt.open_bundle(BUNDLES["int4"]).load_tokenizer()
+    rows = []
+    for draft in (False, True):
+        for c in levels:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            threads = str(os.cpu_count() or 1)
+            cmd = [str(server_bin), "-m", str(GGUF["target"]), "--host", "127.0.0.1", "--port", str(port)]
+            cmd += ["-t", threads, "-np", str(c), "-c", str(4096 * c), "--no-webui", "--log-disable"]
+            if draft:
+                cmd += ["-md", str(GGUF["draft"]), "--spec-type", "draft-simple", "--spec-draft-n-max", "5"]
+            server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                deadline = time.time() + 300
+                while True:
+                    try:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                            if r.status == 200:
+                                break
+                    except OSError:
+                        pass
+                    if time.time() > deadline or server.poll() is not None:
+                        raise RuntimeError("llama-server did not come up")
+                    time.sleep(0.5)
+                for temperature in temperatures:
+                    name = "llama-server + draft k=5" if draft else "llama-server"
+                    log(f"{name} c={c} T={temperature}")
+                    row = llamacpp_level(port, tok, c, temperature)
+                    rows.append(
+                        {"target": "Q4_K_M", "concurrency": c, "temperature": temperature, "config": name} | row
+                    )
+                    log(f"  {row['total_tokens_per_s']:.1f} tok/s total")
+            finally:
+                server.terminate()
+                _, _, usage = os.wait4(server.pid, 0)
+            for r in rows[-len(temperatures) :]:
+                r["peak_rss_gib"] = usage.ru_maxrss / 2**20
+    return rows
+
+
+def llamacpp_level(port: int, tok, concurrency: int, temperature: float) -> dict:
+    import urllib.request
+
+    prompts = prompt_set(2 * concurrency)
+    jobs = list(enumerate(prompts))
+    lock, results = threading.Lock(), []
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not jobs:
+                    return
+                i, (text, chat, _) = jobs.pop(0)
+            ids = tok.encode_chat(text) if chat else tok.encode(text)
+            body = {"prompt": ids, "n_predict": NEW_TOKENS, "temperature": temperature, "seed": i}
+            body |= {"ignore_eos": True, "cache_prompt": False, "stream": True}
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
+            )
+            t0, first, n = time.perf_counter(), None, 0
+            with urllib.request.urlopen(req, timeout=900) as r:
+                for line in r:
+                    if line.startswith(b"data: ") and b'"content"' in line:
+                        first = first or time.perf_counter()
+                        n = max(n, json.loads(line[6:]).get("tokens_predicted", n))
+            end = time.perf_counter()
+            with lock:
+                results.append({"ttft": (first or end) - t0, "s": end - t0, "tokens": n or NEW_TOKENS})
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return summary(results, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- batch 1: this engine against the one before it
+
+SERVE = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import specrt
+engine = specrt.load(sys.argv[2], sys.argv[3])
+print("ready", flush=True)
+for line in sys.stdin:
+    text, chat = json.loads(line)
+    options = specrt.GenerationOptions(max_new_tokens=%d, ignore_eos=True)
+    engine.reset()
+    gen = engine.complete(text, options, chat=chat)
+    print(json.dumps(len(gen.token_ids) / gen.stats.total_s), flush=True)
+"""
+
+
+def baseline_revision() -> str:
+    """The commit before the batch engine (the parent of the commit that added specrt/scheduler.py)."""
+    added = subprocess.run(
+        ["git", "log", "--diff-filter=A", "--format=%H", "--", "specrt/scheduler.py"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()[-1]
+    return f"{added}~1"
+
+
+def compare_batch_one(target: str, rev: str, repeats: int = 2) -> dict:
+    """Auto k, batch 1, the same prompts: this checkout and `rev` (a git worktree), each in a process of its
+    own, asked in alternation (ABBA) prompt by prompt. Returns median tokens/s of each and their ratio."""
+    tree = Path(f"/tmp/specrt-baseline-{rev.replace('~', '-')}")
+    if not tree.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True)
+    procs = {}
+    for name, path in (("baseline", tree), ("this", ROOT)):
+        cmd = [sys.executable, "-c", SERVE % NEW_TOKENS, str(path), str(BUNDLES[target]), str(BUNDLES["draft"])]
+        procs[name] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert procs[name].stdout.readline().strip() == "ready"
+    speeds = {name: [] for name in procs}
+    for rep in range(repeats):
+        for i, (text, chat, _) in enumerate(prompt_set(8)):
+            order = list(procs) if (rep + i) % 2 else list(procs)[::-1]
+            for name in order:
+                procs[name].stdin.write(json.dumps([text, chat]) + "\n")
+                procs[name].stdin.flush()
+                speeds[name].append(json.loads(procs[name].stdout.readline()))
+    for proc in procs.values():
+        proc.stdin.close()
+        proc.wait()
+    ratios = [a / b for a, b in zip(speeds["this"], speeds["baseline"], strict=True)]
+    return {
+        "target": target,
+        "baseline": rev,
+        "this_tokens_per_s": statistics.median(speeds["this"]),
+        "baseline_tokens_per_s": statistics.median(speeds["baseline"]),
+        "ratio_median": statistics.median(ratios),
+    }
+
+
+# ---------------------------------------------------------------- report
+
+
+def report(rows: list[dict], command: str) -> str:
+    md = [f"Command: `{command}`", "", f"{NEW_TOKENS} new tokens per request, 2 x c requests per level.", ""]
+    levels = sorted({r["concurrency"] for r in rows})
+    for temperature in sorted({r["temperature"] for r in rows}):
+        md += [f"Total output tokens/s, temperature {temperature} (TTFT p50 s):", ""]
+        md.append("| target | configuration | " + " | ".join(f"c={c}" for c in levels) + " |")
+        md.append("|---" * (len(levels) + 2) + "|")
+        keys = dict.fromkeys((r["target"], r["config"]) for r in rows if r["temperature"] == temperature)
+        for target, config in keys:
+            cells = []
+            for c in levels:
+                r = next(
+                    (
+                        r
+                        for r in rows
+                        if (r["target"], r["config"], r["concurrency"], r["temperature"])
+                        == (target, config, c, temperature)
+                    ),
+                    None,
+                )
+                cells.append("-" if r is None else f"{r['total_tokens_per_s']:.1f} ({r['ttft_p50_s']:.2f})")
+            md.append(f"| {target} | {config} | " + " | ".join(cells) + " |")
+        md.append("")
+    md += ["k chosen by auto (row-rounds per k) and batch sizes seen:", ""]
+    for r in rows:
+        if r["config"] == "auto":
+            where = f"{r['target']} c={r['concurrency']} T={r['temperature']}"
+            md.append(f"- {where}: k {r['k_chosen']}, batch {r['batch_sizes']}")
+    return "\n".join(md) + "\n"
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    temps = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(1, len(temps), figsize=(7 * len(temps), 5), squeeze=False)
+    for ax, temperature in zip(axes[0], temps, strict=True):
+        for key in dict.fromkeys((r["target"], r["config"]) for r in rows):
+            pts = sorted(
+                (r["concurrency"], r["total_tokens_per_s"])
+                for r in rows
+                if (r["target"], r["config"]) == key and r["temperature"] == temperature
+            )
+            ax.plot(*zip(*pts, strict=True), marker="o", label=" ".join(key))
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("total output tokens/s")
+        ax.set_title(f"temperature {temperature}")
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "results/batch")
+    parser.add_argument("--targets", nargs="*", default=["int4", "fp32"], choices=["int4", "fp32"])
+    parser.add_argument("--concurrency", nargs="*", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--temperatures", nargs="*", type=float, default=[0.0, 0.7])
+    parser.add_argument("--no-llamacpp", action="store_true")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the batch-1 comparison with the old engine")
+    parser.add_argument("--baseline", default=None, help="git revision of the engine to compare batch 1 with")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.worker:
+        worker(args.worker, args.concurrency, args.temperatures, args.out / f"raw-{args.worker}.json")
+        return 0
+    rows = []
+    for target in args.targets:
+        cmd = [sys.executable, __file__, "--worker", target, "--out", str(args.out), "--concurrency"]
+        cmd += [str(c) for c in args.concurrency] + ["--temperatures"] + [str(t) for t in args.temperatures]
+        subprocess.run(cmd, check=True)
+        data = json.loads((args.out / f"raw-{target}.json").read_text())
+        rows += [r | {"peak_rss_gib": data["peak_rss_gib"]} for r in data["rows"]]
+    if not args.no_llamacpp:
+        rows += run_llamacpp(args.concurrency, args.temperatures)
+    rev = args.baseline or baseline_revision()
+    batch_one = [compare_batch_one(target, rev) for target in args.targets] if not args.no_baseline else []
+    command = "python scripts/bench_batch.py " + " ".join(sys.argv[1:])
+    (args.out / "batch.json").write_text(
+        json.dumps({"command": command, "rows": rows, "batch_one": batch_one}, indent=1)
+    )
+    md = report(rows, command)
+    for b in batch_one:
+        md += (
+            f"\nBatch 1, auto k, {b['target']} target, alternating with the engine of {b['baseline']}: "
+            f"{b['this_tokens_per_s']:.2f} vs {b['baseline_tokens_per_s']:.2f} tok/s, "
+            f"median ratio {b['ratio_median']:.3f}\n"
+        )
+    (args.out / "batch.md").write_text(md)
+    chart(rows, args.out / "batch.png")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
