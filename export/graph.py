@@ -20,7 +20,7 @@ import numpy as np
 
 from ..manifest import Architecture, GraphSpec, Quantization
 from .archs import ArchSpec
-from .attention import MS_DOMAIN, OPSETS, flavour, head_norm
+from .attention import MS_DOMAIN, OPSETS, flavour
 from .native import Blocks, NBits, describe, layout_key, to_nbits
 from .progress import Progress
 from .source import Checkpoint
@@ -98,15 +98,19 @@ class GraphBuilder:
         return self.op("MatMul", [x, w], name)
 
     def nbits_linear(self, x: str, name: str, w: NBits, k: int) -> str:
-        """A GGUF-native linear layer: MatMulNBits over the file's own codes, plus the block-sum correction
-        for formats with a per-block offset (see native.py)."""
-        attrs = {"K": k, "N": w.n, "bits": w.bits, "block_size": w.block}
-        if self.quant.accuracy_level:
-            attrs["accuracy_level"] = self.quant.accuracy_level
-        inputs = [x, self.const(f"{name}.qweight", w.packed), self.const(f"{name}.scales", w.scales)]
-        if w.zero_points is not None:
-            inputs.append(self.const(f"{name}.zero_points", w.zero_points))
-        y = self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, **attrs)
+        """A GGUF-native linear layer: MatMulNBits over the file's own codes (or the same blocks as
+        DequantizeLinear + MatMul, form qdq), plus the block-sum correction for formats with a per-block
+        offset (see native.py)."""
+        if self.quant.form == "qdq":
+            y = self.qdq_linear(x, name, w.packed, w.scales, w.zero_points, w.bits, k, w.n, w.block)
+        else:
+            attrs = {"K": k, "N": w.n, "bits": w.bits, "block_size": w.block}
+            if self.quant.accuracy_level:
+                attrs["accuracy_level"] = self.quant.accuracy_level
+            inputs = [x, self.const(f"{name}.qweight", w.packed), self.const(f"{name}.scales", w.scales)]
+            if w.zero_points is not None:
+                inputs.append(self.const(f"{name}.zero_points", w.zero_points))
+            y = self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, **attrs)
         if w.correction is None:
             return y
         shape = self.const(f"{name}/blocks_shape", np.array([0, 0, k // w.block, w.block]))
@@ -259,20 +263,19 @@ class _Decoder:
 
     def attention(self, i: int, x: str) -> str:
         b, arch, g = self.b, self.arch, self.g
-        nh, kvh, d, eps = arch.num_heads, arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps
+        eps = arch.rms_norm_eps
         p, n = f"model.layers.{i}.self_attn", f"layers.{i}/attn"
         h = b.rms_norm(x, self.w(f"model.layers.{i}.input_layernorm.weight"), eps, f"{n}/input_norm")
         qkv = self.project(h, f"{n}/qkv_proj", self.names(p, ("q", "k", "v")), self.fused_bias(p, ("q", "k", "v")))
-        q_norm = k_norm = None
+        norms = None
         if self.spec.qk_norm:  # Qwen3: RMSNorm over each head of q and k, before RoPE
-            q_norm = lambda q: head_norm(b, q, self.w(f"{p}.q_norm.weight"), nh, d, eps, f"{n}/q_norm")  # noqa: E731
-            k_norm = lambda k: head_norm(b, k, self.w(f"{p}.k_norm.weight"), kvh, d, eps, f"{n}/k_norm")  # noqa: E731
+            norms = (self.w(f"{p}.q_norm.weight"), self.w(f"{p}.k_norm.weight"), eps)
         window = self.spec.window(self.ckpt.config, i)
         window = window if window is not None and window < self.max_seq_len else None
         past_k, past_v, present_k, present_v = g.kv_names(i)
         self.inputs += [self._kv_info(past_k), self._kv_info(past_v)]
         self.outputs += [self._kv_info(present_k), self._kv_info(present_v)]
-        attn = self.flavour.layer(self, i, qkv, q_norm, k_norm, window)
+        attn = self.flavour.layer(self, i, qkv, norms, window)
         bias = self.w(f"{p}.o_proj.bias") if "o" in self.biases else None
         o = self.project(attn, f"{n}/o_proj", [f"{p}.o_proj.weight"], bias)
         return b.op("Add", [x, o], f"{n}/residual")

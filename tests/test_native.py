@@ -111,6 +111,8 @@ def native_case(request, zoo):
         "fp32": zoo.bundle(f"{key}-fp32", key, max_seq_len=64),
         1: zoo.bundle(f"{key}-acc1", key, max_seq_len=64, quant="native", accuracy_level=1),
         4: zoo.bundle(f"{key}-acc4", key, max_seq_len=64, quant="native", accuracy_level=4),
+        # the same blocks as DequantizeLinear + MatMul (no contrib op), at accuracy level 1
+        "qdq": zoo.bundle(f"{key}-qdq", key, max_seq_len=64, quant="native", accuracy_level=1, weights="qdq"),
     }
     return qtype, bundles
 
@@ -129,6 +131,7 @@ def test_native_bundle_computes_with_the_files_own_weights(native_case):
     scale = np.abs(logits["fp32"]).max()
     # Accuracy level 1: the same weights in fp32 arithmetic, only the summation order differs.
     assert np.abs(logits[1] - logits["fp32"]).max() < 1e-4 * scale
+    assert np.abs(logits["qdq"] - logits["fp32"]).max() < 1e-4 * scale
     # Accuracy level 4: int8 activations per block move logits a little; the argmax follows.
     assert np.abs(logits[4] - logits["fp32"]).max() < 0.05 * scale
     assert np.mean(logits[4].argmax(-1) == logits["fp32"].argmax(-1)) >= 0.9
