@@ -38,15 +38,16 @@ def log(msg: str) -> None:
 
 
 def bundle(role: str, precision: str, flavour: str) -> Path:
-    """flavour: gqa, standard, or standard-qdq (int4 as DequantizeLinear + MatMul)."""
+    """flavour: gqa, standard (int4 as MatMulNBits), or standard-qdq (int4 as DequantizeLinear + MatMul)."""
     out = ROOT / "engines/graphs" / f"{role}-{precision}-{flavour}"
     if not (out / "manifest.json").exists():
         log(f"exporting {out.name}")
         quant = ["--quant", "none", "--lm-head", "fp32"] if precision == "fp32" else ["--quant", "int4"]
         graph, _, form = flavour.partition("-")
+        form = form or "nbits"
         cmd = [str(ROOT / ".venv/bin/specrt"), "export", "--model", str(GGUF[role]), "--role", role]
         cmd += ["--out", str(out), "--graph", graph, *quant, "--no-validate", "--no-profile", "--quiet"]
-        cmd += ["--weights", form] if form else []
+        cmd += ["--weights", form]
         subprocess.run(cmd + ["--overwrite"], check=True)
     return out
 
