@@ -53,8 +53,11 @@ class ExportOptions:
     accuracy_level: int = 4  # MatMulNBits compute type: 4 = int8 activations (fastest on CPU)
     symmetric: bool = True  # False: a zero point per block (int4/int8)
     lm_head: str = "quantized"  # quantized (as the body) | int8 | int4 | fp32
-    graph: str = "gqa"  # standard (ai.onnx ops, any batch) | gqa (GroupQueryAttention, batch 1)
-    weights: str = "nbits"  # quantized weights as MatMulNBits (nbits) or DequantizeLinear + MatMul (qdq)
+    graph: str = "standard"  # standard (ai.onnx ops, any batch) | gqa (GroupQueryAttention, batch 1)
+    # quantized weights as DequantizeLinear + MatMul (qdq: no contrib op; ONNX Runtime fuses the pair into
+    # MatMulNBits at the same speed, docs/graph-flavours.md) or MatMulNBits itself (nbits); None: qdq for
+    # the standard graph, nbits beside GroupQueryAttention (a contrib-op graph anyway)
+    weights: str | None = None
     validate: bool = True
     name: str | None = None
     overwrite: bool = False
@@ -72,6 +75,8 @@ class ExportOptions:
             raise ExportError(f"accuracy level {self.accuracy_level} is not in 0..4")
         if self.graph not in FLAVOURS:
             raise ExportError(f"graph {self.graph!r} is not one of {', '.join(FLAVOURS)}")
+        if self.weights is None:
+            object.__setattr__(self, "weights", "qdq" if self.graph == "standard" else "nbits")
         if self.weights not in ("nbits", "qdq"):
             raise ExportError(f"weights {self.weights!r} is not one of nbits, qdq")
         if self.lm_head not in LM_HEAD_FORMATS:

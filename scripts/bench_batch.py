@@ -323,6 +323,42 @@ def compare_batch_one(target: str, rev: str, repeats: int = 2) -> dict:
     }
 
 
+# ---------------------------------------------------------------- which model of t(B, S) fits
+
+
+def fit_report(name: str, path: Path, max_batch: int = 8) -> dict:
+    """The measured t(B, S) of a bundle against two ways of predicting it: the profile's interpolation
+    between measured batch sizes (leave B = 4 out, predict it from B = 2 and 8) and a linear model of total
+    tokens plus a per-row term (least squares over every point but B = 4). Relative errors at B = 4."""
+    import numpy as np
+
+    import specrt
+    from specrt.batchcost import BatchProfile, measure_batch
+    from specrt.session import ModelSession, SessionOptions
+
+    session = ModelSession(specrt.open_bundle(path), SessionOptions(spin_between_runs=False), rows=max_batch)
+    prof = measure_batch(session, [1, 2, 4, 8], list(range(1, 10)), reps=3)
+    del session
+    grid = {(b, w): prof.ms[i][j] for i, b in enumerate(prof.batches) for j, w in enumerate(prof.widths)}
+    held = [(4, w) for w in prof.widths]
+    rest = [k for k in grid if k[0] != 4]
+    kept = [(b, r) for b, r in zip(prof.batches, prof.ms, strict=True) if b != 4]
+    without = BatchProfile([b for b, _ in kept], prof.widths, [r for _, r in kept])
+    a = np.array([[1.0, b * w, b] for b, w in rest])
+    coef, *_ = np.linalg.lstsq(a, np.array([grid[k] for k in rest]), rcond=None)
+    interp = [abs(without(b, w) - grid[b, w]) / grid[b, w] for b, w in held]
+    linear = [abs(coef @ [1.0, b * w, b] - grid[b, w]) / grid[b, w] for b, w in held]
+    return {
+        "model": name,
+        "profile": {"batches": prof.batches, "widths": prof.widths, "ms": prof.ms},
+        "linear_ms": {"fixed": coef[0], "per_token": coef[1], "per_row": coef[2]},
+        "interpolation_error_max": max(interp),
+        "interpolation_error_median": statistics.median(interp),
+        "linear_error_max": max(linear),
+        "linear_error_median": statistics.median(linear),
+    }
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -392,6 +428,7 @@ def main() -> int:
     parser.add_argument("--concurrency", nargs="*", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--temperatures", nargs="*", type=float, default=[0.0, 0.7])
     parser.add_argument("--no-llamacpp", action="store_true")
+    parser.add_argument("--no-fit", action="store_true", help="skip the t(B, S) model comparison")
     parser.add_argument("--no-baseline", action="store_true", help="skip the batch-1 comparison with the old engine")
     parser.add_argument("--baseline", default=None, help="git revision of the engine to compare batch 1 with")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -409,18 +446,25 @@ def main() -> int:
         rows += [r | {"peak_rss_gib": data["peak_rss_gib"]} for r in data["rows"]]
     if not args.no_llamacpp:
         rows += run_llamacpp(args.concurrency, args.temperatures)
+    fits = [fit_report(name, BUNDLES[name]) for name in (*args.targets, "draft")] if not args.no_fit else []
     rev = args.baseline or baseline_revision()
     batch_one = [compare_batch_one(target, rev) for target in args.targets] if not args.no_baseline else []
     command = "python scripts/bench_batch.py " + " ".join(sys.argv[1:])
-    (args.out / "batch.json").write_text(
-        json.dumps({"command": command, "rows": rows, "batch_one": batch_one}, indent=1)
-    )
+    data = {"command": command, "rows": rows, "batch_one": batch_one, "fits": fits}
+    (args.out / "batch.json").write_text(json.dumps(data, indent=1))
     md = report(rows, command)
     for b in batch_one:
         md += (
             f"\nBatch 1, auto k, {b['target']} target, alternating with the engine of {b['baseline']}: "
             f"{b['this_tokens_per_s']:.2f} vs {b['baseline_tokens_per_s']:.2f} tok/s, "
             f"median ratio {b['ratio_median']:.3f}\n"
+        )
+    for f in fits:
+        md += (
+            f"\nt(B, S) of the {f['model']} model at B = 4, predicted from B = 1, 2, 8: interpolating the "
+            f"profile errs by {100 * f['interpolation_error_median']:.0f}% (median; max "
+            f"{100 * f['interpolation_error_max']:.0f}%), a linear model of total tokens and rows by "
+            f"{100 * f['linear_error_median']:.0f}% (max {100 * f['linear_error_max']:.0f}%).\n"
         )
     (args.out / "batch.md").write_text(md)
     chart(rows, args.out / "batch.png")

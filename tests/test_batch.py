@@ -189,3 +189,24 @@ def test_k_for_the_batch_does_not_flap():
     # one row of excellent acceptance.
     assert BatchCost(target, draft).choose([4] * 8, [lambda k: 1 + 0.3 * k] * 8, [False] * 8, [True] * 8) == [0] * 8
     assert BatchCost(target, draft).choose([4], [lambda k: 1 + 0.95 * k], [False], [True]) == [4]
+
+
+def test_measuring_profiles_at_admission_leaves_running_rows_alone(zoo, tmp_path, reference):
+    """The first auto-k request of an engine on a machine without profiles measures them in its own slot,
+    while another request is mid-generation in the other slot: that one's output is unchanged."""
+    import shutil
+
+    no_profiles = shutil.ignore_patterns("profiles")
+    target = shutil.copytree(zoo.target(), tmp_path / "t", ignore=no_profiles)
+    draft = shutil.copytree(zoo.noisy_draft(), tmp_path / "d", ignore=no_profiles)
+    engine = specrt.load(target, draft, max_batch=2)
+    p = prompts()[5]
+    running = engine.generate(p, GenerationOptions(max_new_tokens=8 + 3 * 5, num_draft_tokens=2, ignore_eos=True))
+    pieces = iter(running)
+    next(pieces)  # slot 0 holds a sequence mid-generation
+    auto = engine.complete("class Stack:", GenerationOptions(max_new_tokens=12, ignore_eos=True))
+    for _ in pieces:
+        pass
+    assert running.token_ids == reference[p]
+    assert auto.finish_reason == "max_new_tokens"
+    assert any(f.name.endswith("-quick.json") for f in (target / "profiles").iterdir())  # measured, and saved

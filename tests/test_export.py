@@ -101,7 +101,10 @@ def test_quantized_bundles_build_load_and_run(zoo, quant):
     assert m.quantization.block_size == 32 and m.quantization.accuracy_level == 4
     assert m.validation.tolerance is None  # recorded, not gated
     onnx_ops = _op_types(bundle)
-    assert "MatMulNBits" in onnx_ops and "MatMul" not in onnx_ops
+    if m.quantization.form == "nbits":
+        assert "MatMulNBits" in onnx_ops and "MatMul" not in onnx_ops
+    else:  # the same blocks as standard ops: every MatMul reads a DequantizeLinear
+        assert "MatMulNBits" not in onnx_ops and {"DequantizeLinear", "MatMul"} <= onnx_ops
     worst, agree = _parity(bundle, zoo.checkpoint("target"), PLAN)
     # int8 barely moves logits; int4 on a random 3-layer model still tracks most top-1 choices.
     assert agree >= (0.95 if quant == "int8" else 0.5), agree
@@ -175,7 +178,9 @@ def test_block_symmetry_and_lm_head_choices(zoo):
     import onnx
 
     zoo.target()
-    bundle = zoo.bundle("target-int4-asym-b64", "target", quant="int4", block_size=64, symmetric=False, lm_head="int8")
+    bundle = zoo.bundle(
+        "target-int4-asym-b64", "target", quant="int4", block_size=64, symmetric=False, lm_head="int8", weights="nbits"
+    )
     m = open_bundle(bundle).manifest
     q = m.quantization
     assert (q.method, q.bits, q.block_size, q.symmetric, q.lm_head, q.lm_head_bits) == ("int4", 4, 64, False, True, 8)
@@ -185,6 +190,6 @@ def test_block_symmetry_and_lm_head_choices(zoo):
     assert len(nodes["layers.0/mlp/down_proj"].input) == 4  # x, codes, scales, zero points
     worst, agree = _parity(bundle, zoo.checkpoint("target"), PLAN)
     assert agree >= 0.5 and worst < 2.0, (worst, agree)
-    head = zoo.bundle("target-fp32-head-int8", "target", lm_head="int8")  # an fp32 body may take an int8 head
+    head = zoo.bundle("target-fp32-head-int8", "target", lm_head="int8", weights="nbits")  # an fp32 body, int8 head
     q = open_bundle(head).manifest.quantization
     assert (q.method, q.lm_head_bits) == ("none", 8) and "MatMulNBits" in _op_types(head)
