@@ -111,8 +111,15 @@ class Engine:
 
     @property
     def stats(self) -> dict:
-        """The engine's counters: rounds, batch sizes, k chosen, acceptance per position, queue wait."""
-        return {**self.scheduler.stats.to_dict(), "running": len(self.scheduler.running)}
+        """The engine's counters: rounds, batch sizes, k chosen, acceptance per position, queue wait, and
+        how many requests hold a slot (running) or wait for one."""
+        waiting = len(self.scheduler.waiting) + self._inbox.qsize()
+        return {**self.scheduler.stats.to_dict(), "running": len(self.scheduler.running), "waiting": waiting}
+
+    def cancel_all(self) -> None:
+        """Cancel every running and waiting generation (their readers end with finish_reason "cancelled")."""
+        for r in [*self.scheduler.running, *self.scheduler.waiting]:
+            r.cancel.set()
 
     # ------------------------------------------------------------------ cost models
 

@@ -70,7 +70,7 @@ def engine_options(f):
     return f
 
 
-def _load(kw: dict):
+def _load(kw: dict, max_batch: int = 1):
     from .api import load
 
     drafts = kw.pop("drafts")
@@ -85,6 +85,7 @@ def _load(kw: dict):
         device=kw.pop("device"),
         spinning=kw.pop("spinning"),
         ngram="ngram" in drafts,
+        max_batch=max_batch,
     )
 
 
@@ -311,6 +312,46 @@ def bench(prompts_file, ks, max_new_tokens, repeats, warmup, temperature, seed, 
     if json_out:
         json_out.write_text(result.to_json())
         click.echo(f"results written to {json_out}", err=True)
+
+
+@cli.command()
+@engine_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--max-batch", type=int, default=4, show_default=True, help="Requests running at once (KV slots).")
+@click.option("--max-queue", type=int, default=64, show_default=True, help="Requests waiting; more get 429.")
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' [default: env SPECRT_API_KEY].")
+@click.option("--model-name", default=None, help="The model's name in the API [default: the target bundle's name].")
+@click.option("--max-tokens", type=int, default=256, show_default=True, help="Default max_tokens of a request.")
+@click.option("--temperature", type=float, default=1.0, show_default=True, help="Default temperature (OpenAI's).")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Default top_p.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="Default top_k (0: off).")
+@click.option("-k", "--num-draft-tokens", type=DraftCount(), default="auto", show_default=True, help="Default k.")
+@click.option("--drain-seconds", type=float, default=30.0, show_default=True, help="Grace for running requests.")
+def serve(host, port, max_batch, max_queue, api_key, model_name, max_tokens, temperature, top_p, top_k, **kw):
+    """An OpenAI-compatible HTTP server (needs: pip install 'specrt[serve]')."""
+    try:
+        from .server import ServeConfig
+        from .server import serve as run
+    except ImportError as e:
+        raise OptionsError(
+            f"specrt serve needs the [serve] extra ({e.name} is missing): pip install 'specrt[serve]'"
+        ) from None
+    from .bundle import open_bundle
+    from .options import GenerationOptions
+    from .protocol import Defaults
+
+    k, drain = kw.pop("num_draft_tokens"), kw.pop("drain_seconds")
+    # The defaults are checked now, not at the first request.
+    GenerationOptions(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, num_draft_tokens=k)
+    defaults = Defaults(max_tokens, temperature, top_p, top_k, k)
+    if max_batch < 1 or max_queue < 0:
+        raise OptionsError("--max-batch must be >= 1 and --max-queue >= 0")
+    name = model_name or open_bundle(kw["target"]).name
+    key = api_key or os.environ.get("SPECRT_API_KEY") or None
+    config = ServeConfig(name, max_queue, key, defaults, drain)
+    click.echo(f"specrt serve: {name} on http://{host}:{port}/v1 (max batch {max_batch}, queue {max_queue})", err=True)
+    run(lambda: _load(dict(kw), max_batch=max_batch), config, host, port)
 
 
 @cli.command()

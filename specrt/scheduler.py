@@ -53,15 +53,16 @@ class EngineStats:
         self.requests: Counter = Counter()  # finish reason -> requests
 
     def to_dict(self) -> dict:
-        waits = sorted(self.queue_wait_s)
+        """A snapshot, safe to take from another thread (dict() copies are atomic under the GIL)."""
+        waits = sorted(list(self.queue_wait_s))
         return {
             "rounds": self.rounds,
-            "batch_sizes": dict(sorted(self.batch_sizes.items())),
-            "k_chosen": dict(sorted(self.k_chosen.items())),
+            "batch_sizes": dict(sorted(dict(self.batch_sizes).items())),
+            "k_chosen": dict(sorted(dict(self.k_chosen).items())),
             "drafts": self.drafts,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
-            "accepted_per_position": dict(sorted(self.accepted_per_position.items())),
+            "accepted_per_position": dict(sorted(dict(self.accepted_per_position).items())),
             "queue_wait_p50_s": waits[len(waits) // 2] if waits else 0.0,
             "prompt_tokens": self.prompt_tokens,
             "generated_tokens": self.generated_tokens,

@@ -1,0 +1,5 @@
+"""`python -m specrt`: the same command line as `specrt`."""
+
+from .cli import main
+
+main()
