@@ -1,0 +1,380 @@
+#!/usr/bin/env python
+"""Load test of any OpenAI-compatible server (specrt serve, llama-server, ...): a concurrency sweep or
+Poisson arrivals, and a soak. Loopback only; every loop is bounded in count and time.
+
+    python scripts/load_test.py sweep --url http://127.0.0.1:8000 --model qwen --concurrency 1 2 4 8 16
+    python scripts/load_test.py poisson --url ... --rates 0.5 1 2 --requests 40
+    python scripts/load_test.py soak --url ... --requests 500 --concurrency 8 --pid SERVER_PID
+    python scripts/load_test.py suite --target engines/... --draft engines/...   # specrt vs itself vs llama-server
+
+Each request is a streamed /v1/completions with a prompt from --prompts (JSON lines {"prompt": ...}) or a
+built-in mixed set, `--max-tokens` new tokens (EOS ignored), fixed seeds. Reported per level: requests,
+failures, request throughput, output tokens/s, TTFT / TPOT / ITL p50 and p99 (TPOT: per output token after
+the first; ITL: between streamed chunks), and speculation (accepted / drafted, from specrt's usage
+extension when the server gives it). Writes <out>/<name>.json, .md and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+LIMIT_S = 1800.0  # no level runs longer than this
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def prompts(path: Path | None) -> list[str]:
+    if path is not None:
+        return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+    from bench_batch import prompt_set
+
+    return [text for text, _, _ in prompt_set(18)]
+
+
+def loopback(url: str) -> str:
+    host = url.split("//", 1)[-1].split("/", 1)[0].split(":")[0]
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        sys.exit(f"load tests run against loopback servers only; got {url}")
+    return url.rstrip("/")
+
+
+def one(url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float, key: str | None) -> dict:
+    """One streamed completion: its timings, token count and speculative usage (or its failure)."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), headers)
+    t0 = time.perf_counter()
+    stamps, usage = [], None
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if data.get("usage"):
+                    usage = data["usage"]
+                if any(c.get("text") for c in data.get("choices", [])):
+                    stamps.append(time.perf_counter())
+    except Exception as e:  # noqa: BLE001 - counted as a failure
+        return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:100]}", "s": time.perf_counter() - t0}
+    end = time.perf_counter()
+    tokens = (usage or {}).get("completion_tokens", len(stamps))
+    return {
+        "ok": True,
+        "ttft": (stamps[0] if stamps else end) - t0,
+        "s": end - t0,
+        "tokens": tokens,
+        "itl": [b - a for a, b in zip(stamps, stamps[1:], strict=False)],
+        "speculative": (usage or {}).get("speculative"),
+    }
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def summarize(results: list[dict], wall: float) -> dict:
+    ok = [r for r in results if r["ok"]]
+    tokens = sum(r["tokens"] for r in ok)
+    tpot = [(r["s"] - r["ttft"]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
+    itl = [x for r in ok for x in r["itl"]]
+    spec = [r["speculative"] for r in ok if r.get("speculative")]
+    drafted = sum(s["drafted_tokens"] for s in spec)
+    return {
+        "requests": len(results),
+        "failures": len(results) - len(ok),
+        "errors": sorted({r["error"] for r in results if not r["ok"]})[:5],
+        "wall_s": wall,
+        "requests_per_s": len(ok) / wall,
+        "output_tokens_per_s": tokens / wall,
+        "ttft_p50": pct([r["ttft"] for r in ok], 0.5),
+        "ttft_p99": pct([r["ttft"] for r in ok], 0.99),
+        "tpot_p50": pct(tpot, 0.5),
+        "tpot_p99": pct(tpot, 0.99),
+        "itl_p50": pct(itl, 0.5),
+        "itl_p99": pct(itl, 0.99),
+        "acceptance": (sum(s["accepted_tokens"] for s in spec) / drafted) if drafted else None,
+    }
+
+
+def run_level(args, concurrency: int, n: int, rate: float | None = None) -> dict:
+    """n requests: from `concurrency` client threads back to back, or (rate) Poisson arrivals."""
+    texts = prompts(args.prompts)
+    results, lock = [], threading.Lock()
+    rng = random.Random(args.seed)
+    start = time.perf_counter()
+    deadline = start + LIMIT_S
+
+    def request(i: int) -> None:
+        if time.perf_counter() > deadline:
+            return
+        r = one(
+            args.url, args.model, texts[i % len(texts)], args.max_tokens, args.seed + i, args.temperature, args.api_key
+        )
+        with lock:
+            results.append(r)
+
+    if rate is None:
+        counter = iter(range(n))
+
+        def client() -> None:
+            for i in counter:
+                request(i)
+
+        threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    else:
+        threads = []
+        for i in range(n):
+            time.sleep(rng.expovariate(rate))
+            t = threading.Thread(target=request, args=(i,))
+            t.start()
+            threads.append(t)
+    for t in threads:
+        if rate is None:
+            t.start()
+    for t in threads:
+        t.join(timeout=max(1.0, deadline - time.perf_counter()))
+    return summarize(results, time.perf_counter() - start)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def soak(args) -> dict:
+    """`--requests` at `--concurrency`, the server's RSS sampled every second."""
+    samples, stop = [], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append((time.perf_counter(), rss_mib(args.pid)))
+            stop.wait(1.0)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        level = run_level(args, args.concurrency[0], args.requests)
+    finally:
+        stop.set()
+        sampler.join()
+    values = [v for _, v in samples]
+    warm = values[len(values) // 5 :] or values  # after warm-up: the first fifth
+    growth = (max(warm[-10:]) - min(warm[:10])) / min(warm[:10]) if len(warm) >= 20 else float("nan")
+    level |= {"rss_mib_first": values[0] if values else None, "rss_mib_last": values[-1] if values else None}
+    level |= {"rss_growth_after_warmup": growth, "rss_samples": len(values)}
+    with urllib.request.urlopen(args.url + "/health", timeout=10) as r:
+        level["health_after"] = json.loads(r.read())
+    return level
+
+
+# ---------------------------------------------------------------- the suite: specrt against itself and llama-server
+
+
+def start_server(cmd: list[str], url: str, env: dict | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 600
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            sys.exit(f"server did not come up: {' '.join(cmd)}")
+        time.sleep(1)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def suite(args) -> list[dict]:
+    """specrt serve with auto k, with k = 0 and with fixed k, and llama-server with and without its draft,
+    at each concurrency; each server process started for its configuration on a free loopback port."""
+    import socket
+
+    rows = []
+    levels = args.concurrency
+    specrt = [str(ROOT / ".venv/bin/specrt"), "serve", "--target", args.target, "--max-batch", str(max(levels))]
+    specrt += [*(["--draft", args.draft] if args.draft else []), "--model-name", args.model, "--max-queue", "1000"]
+    configs = [("specrt auto k", [*specrt, "-k", "auto"]), ("specrt k=0", [*specrt, "-k", "0"])]
+    configs.append((f"specrt k={args.fixed_k}", [*specrt, "-k", str(args.fixed_k)]))
+    try:
+        bin_dir = (
+            subprocess.run(
+                ["bash", str(ROOT / "scripts/build_llamacpp.sh")],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        gguf = [
+            str(ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf"),
+            str(ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf"),
+        ]
+        threads = str(os.cpu_count() or 1)
+        for c in levels:
+            base = [f"{bin_dir}/llama-server", "-m", gguf[0], "-t", threads, "-np", str(c), "-c", str(4096 * c)]
+            base += ["--no-webui", "--log-disable", "--alias", args.model]
+            configs.append((f"llama-server -np {c}", base))
+            configs.append(
+                (
+                    f"llama-server -np {c} + draft k=5",
+                    [*base, "-md", gguf[1], "--spec-type", "draft-simple", "--spec-draft-n-max", "5"],
+                )
+            )
+    except (subprocess.SubprocessError, OSError):
+        log("llama.cpp is not built (bash scripts/build_llamacpp.sh): no llama-server rows")
+    for name, cmd in configs:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        only = [int(name.split("-np ")[1].split()[0])] if "-np " in name else levels
+        proc = start_server([*cmd, "--host", "127.0.0.1", "--port", str(port)], url)
+        try:
+            args.url = url
+            run_level(args, 1, 2)  # warm-up
+            for c in only:
+                log(f"{name}, concurrency {c}")
+                row = run_level(args, c, max(2 * c, args.requests))
+                rows.append({"config": name, "concurrency": c} | row)
+                tps, ttft = row["output_tokens_per_s"], row["ttft_p50"]
+                log(f"  {tps:.1f} tok/s, ttft p50 {ttft:.2f} s, failures {row['failures']}")
+        finally:
+            stop_server(proc)
+    return rows
+
+
+# ---------------------------------------------------------------- report
+
+
+def report(rows: list[dict], command: str) -> str:
+    md = [f"Command: `{command}`", ""]
+    head = ["configuration", "concurrency", "req/s", "output tok/s", "TTFT p50 / p99 s", "TPOT p50 / p99 ms"]
+    md.append("| " + " | ".join([*head, "ITL p50 / p99 ms", "failures", "acceptance"]) + " |")
+    md.append("|---" * 9 + "|")
+    for r in rows:
+        acc = "-" if r.get("acceptance") is None else f"{100 * r['acceptance']:.0f}%"
+        md.append(
+            f"| {r.get('config', '-')} | {r.get('concurrency', r.get('rate', '-'))} | {r['requests_per_s']:.2f} | "
+            f"{r['output_tokens_per_s']:.1f} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} | "
+            f"{1000 * r['tpot_p50']:.0f} / {1000 * r['tpot_p99']:.0f} | "
+            f"{1000 * r['itl_p50']:.0f} / {1000 * r['itl_p99']:.0f} | "
+            f"{r['failures']} | {acc} |"
+        )
+    return "\n".join(md) + "\n"
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+
+    def family(config: str) -> str:  # llama-server levels have one process each: one line per kind
+        return config.split(" -np")[0] + (" + draft" if "draft" in config else "")
+
+    curves = {}
+    for r in rows:
+        if "concurrency" in r:
+            curves.setdefault(family(r["config"]), []).append((r["concurrency"], r["output_tokens_per_s"]))
+    for name, pts in curves.items():
+        ax.plot(*zip(*sorted(pts), strict=True), marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tokens/s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["sweep", "poisson", "soak", "suite"])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default="qwen")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--prompts", type=Path, default=None)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--concurrency", nargs="*", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--rates", nargs="*", type=float, default=[0.5, 1.0, 2.0])
+    parser.add_argument("--requests", type=int, default=16, help="per level (sweep/poisson/suite), or the soak's total")
+    parser.add_argument("--pid", type=int, default=None, help="soak: the server's process id (RSS sampling)")
+    parser.add_argument("--target", default=str(ROOT / "engines/qwen2.5-coder-1.5b-int4"))
+    parser.add_argument("--draft", default=str(ROOT / "engines/qwen2.5-coder-0.5b-int4"))
+    parser.add_argument("--fixed-k", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "results/serve")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "python scripts/load_test.py " + " ".join(sys.argv[1:])
+    if args.mode == "suite":
+        rows = suite(args)
+    else:
+        args.url = loopback(args.url)
+        if args.mode == "sweep":
+            rows = [
+                {"config": args.url, "concurrency": c} | run_level(args, c, max(args.requests, 2 * c))
+                for c in args.concurrency
+            ]
+        elif args.mode == "poisson":
+            rows = [{"config": args.url, "rate": rate} | run_level(args, 0, args.requests, rate) for rate in args.rates]
+        else:
+            if args.pid is None:
+                sys.exit("soak needs --pid (the server's process id)")
+            rows = [{"config": f"soak {args.requests} requests", "concurrency": args.concurrency[0]} | soak(args)]
+    (args.out / f"{args.mode}.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    md = report(rows, command)
+    (args.out / f"{args.mode}.md").write_text(md)
+    chart(rows, args.out / f"{args.mode}.png")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
