@@ -250,10 +250,14 @@ class CostModel:
         """The draft's catch-up on the `behind` tokens it missed beyond the usual one or two."""
         return self.draft.catch_up_ms(behind, context) if self.draft is not None and behind > 2 else 0.0
 
-    def choose(self, k_cap: int, context: int, behind: int = 1, remaining: int | None = None) -> int:
+    def choose(
+        self, k_cap: int, context: int, behind: int = 1, remaining: int | None = None, timed: bool = True
+    ) -> int:
         """The k in 0..k_cap with the most expected tokens per millisecond (0: speculation does not pay).
         behind: tokens the draft must feed before it can propose (1 when it kept up); remaining: tokens
-        this generation may still produce (None: unknown, catch-ups are not weighed)."""
+        this generation may still produce (None: unknown, catch-ups are not weighed); timed: this round's
+        passes time the target (batch 1; a batched round prices the batch, not a row, so a plain step
+        taken to time plain decoding would buy nothing there)."""
         rates = {k: self.tokens_per_ms(k, context) for k in range(k_cap + 1)}
         k = max(rates, key=lambda j: (rates[j], -j))
         catch_up = self._catch_up_ms(behind, context)
@@ -263,7 +267,7 @@ class CostModel:
         ):
             k = 0
         self._probing = False
-        stale = self.plain_every is not None and self.target.speed.rounds_since_plain >= self.plain_every
+        stale = timed and self.plain_every is not None and self.target.speed.rounds_since_plain >= self.plain_every
         if k and stale and rates[k] < (1 + self.plain_margin) * rates[0]:
             return 0  # a plain step to time (not a dry spell: no probe is due for it)
         if k == 0 and k_cap > 0:
