@@ -88,7 +88,9 @@ def percentile(values: list[float], q: float) -> float:
 # ---------------------------------------------------------------- specrt
 
 
-def run_specrt(engine, concurrency: int, k: int | None, temperature: float) -> dict:
+def run_specrt(engine, concurrency: int, k: int | None, temperature: float, outputs: dict | None = None) -> dict:
+    """One level: 2 x c requests from c client threads. `outputs` (prompt index -> token ids) collects what
+    each request generated, for the comparison with single-stream output."""
     import specrt
 
     prompts = prompt_set(2 * concurrency)
@@ -112,6 +114,8 @@ def run_specrt(engine, concurrency: int, k: int | None, temperature: float) -> d
             end = time.perf_counter()
             with lock:
                 results.append({"ttft": (first or end) - t0, "s": end - t0, "tokens": len(gen.token_ids)})
+                if outputs is not None:
+                    outputs[i] = list(gen.token_ids)
 
     before = engine.stats
     t0 = time.perf_counter()
@@ -148,22 +152,58 @@ def worker(target: str, levels: list[int], temperatures: list[float], out: Path)
 
     import specrt
 
-    rows = []
+    rows, greedy = [], []
     for c in levels:
         engine = specrt.load(BUNDLES[target], BUNDLES["draft"], max_batch=c)
-        run_specrt(engine, 1, 2, 0.0)  # warm-up (and, for auto k, the cost profiles)
+        # Warm-up, alone: auto k measures the cost profiles missing for this machine here (t(B, S) up to
+        # B = c over all slots, once; saved in the bundle), as a server does on its first request.
+        run_specrt(engine, 1, None, 0.0)
+        # ...and one untimed level at full concurrency: ONNX Runtime's first runs at the batch's shapes grow
+        # its memory arenas (measured: the first timed level of a fresh engine at c = 4, 8 ran 15-20% slow).
+        run_specrt(engine, c, 0, 0.0)
         engine.complete("def f(x):", specrt.GenerationOptions(max_new_tokens=4))
         for temperature in temperatures:
             order = list(CONFIGS.items())
             for name, k in order if c % 2 else order[::-1]:
                 log(f"{target} c={c} T={temperature} {name}")
-                row = run_specrt(engine, c, k, temperature)
+                outputs: dict[int, list[int]] = {}
+                row = run_specrt(engine, c, k, temperature, outputs)
                 rows.append({"target": target, "concurrency": c, "temperature": temperature, "config": name} | row)
+                if temperature == 0:
+                    greedy.append((rows[-1], outputs))
                 total, ttft = row["total_tokens_per_s"], row["ttft_p50_s"]
                 log(f"  {total:.1f} tok/s total, ttft p50 {ttft:.2f} s, k {row['k_chosen']}")
         del engine
+    compare_with_single_stream(target, greedy)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     out.write_text(json.dumps({"rows": rows, "peak_rss_gib": peak}))
+
+
+def compare_with_single_stream(target: str, greedy: list[tuple[dict, dict]]) -> None:
+    """Every greedy output of the batched runs against the same prompt's single-stream target-only output
+    (max_batch 1, k = 0). Each row gets `differences`: per differing request, the first differing position
+    and the target's top-2 logit margin there (batched kernels may round a near-tie differently; a
+    difference at a large margin is a bug)."""
+    import specrt
+    from specrt.bench import divergence
+
+    used = sorted({i for _, outputs in greedy for i in outputs})
+    if not used:
+        return
+    engine = specrt.load(BUNDLES[target], max_batch=1)
+    prompts = prompt_set(max(used) + 1)
+    options = specrt.GenerationOptions(max_new_tokens=NEW_TOKENS, num_draft_tokens=0, ignore_eos=True)
+    log(f"{target}: single-stream target-only outputs of {len(used)} prompts")
+    ids = {i: engine.encode(prompts[i][0], chat=prompts[i][1]) for i in used}
+    reference = {i: list(engine.complete(ids[i], options).token_ids) for i in used}
+    for row, outputs in greedy:
+        row["differences"] = [
+            {"prompt": i} | divergence(engine.target, ids[i], reference[i], out)
+            for i, out in sorted(outputs.items())
+            if out != reference[i]
+        ]
+        row["greedy_compared"] = len(outputs)
+    del engine
 
 
 # ---------------------------------------------------------------- llama.cpp
@@ -208,6 +248,7 @@ def run_llamacpp(levels: list[int], temperatures: list[float]) -> list[dict]:
                     if time.time() > deadline or server.poll() is not None:
                         raise RuntimeError("llama-server did not come up")
                     time.sleep(0.5)
+                llamacpp_level(port, tok, 1, 0.0, n=1)  # warm-up, as the specrt engines get
                 for temperature in temperatures:
                     name = "llama-server + draft k=5" if draft else "llama-server"
                     log(f"{name} c={c} T={temperature}")
@@ -224,10 +265,10 @@ def run_llamacpp(levels: list[int], temperatures: list[float]) -> list[dict]:
     return rows
 
 
-def llamacpp_level(port: int, tok, concurrency: int, temperature: float) -> dict:
+def llamacpp_level(port: int, tok, concurrency: int, temperature: float, n: int | None = None) -> dict:
     import urllib.request
 
-    prompts = prompt_set(2 * concurrency)
+    prompts = prompt_set(n or 2 * concurrency)
     jobs = list(enumerate(prompts))
     lock, results = threading.Lock(), []
 
@@ -385,7 +426,19 @@ def report(rows: list[dict], command: str) -> str:
                 cells.append("-" if r is None else f"{r['total_tokens_per_s']:.1f} ({r['ttft_p50_s']:.2f})")
             md.append(f"| {target} | {config} | " + " | ".join(cells) + " |")
         md.append("")
-    md += ["k chosen by auto (row-rounds per k) and batch sizes seen:", ""]
+    md += ["Greedy outputs against single-stream target-only output of the same prompt:", ""]
+    for r in rows:
+        if "differences" in r:
+            where = f"{r['target']} {r['config']} c={r['concurrency']}"
+            diffs = ", ".join(
+                f"prompt {d['prompt']} from token {d['position']} (top-2 margin {d['top2_margin']:.3f})"
+                for d in r["differences"]
+            )
+            md.append(
+                f"- {where}: {r['greedy_compared'] - len(r['differences'])}/{r['greedy_compared']} equal"
+                + (f"; {diffs}" if diffs else "")
+            )
+    md += ["", "k chosen by auto (row-rounds per k) and batch sizes seen:", ""]
     for r in rows:
         if r["config"] == "auto":
             where = f"{r['target']} c={r['concurrency']} T={r['temperature']}"
@@ -431,11 +484,35 @@ def main() -> int:
     parser.add_argument("--no-fit", action="store_true", help="skip the t(B, S) model comparison")
     parser.add_argument("--no-baseline", action="store_true", help="skip the batch-1 comparison with the old engine")
     parser.add_argument("--baseline", default=None, help="git revision of the engine to compare batch 1 with")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite batch.md/png from <out>/batch.json, with each target's rows read again from its "
+        "raw-<target>.json (after `--worker <target>` re-measured one target)",
+    )
+    parser.add_argument("--only-llamacpp", action="store_true", help="measure llama-server again into <out>")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.worker:
         worker(args.worker, args.concurrency, args.temperatures, args.out / f"raw-{args.worker}.json")
+        return 0
+    if args.only_llamacpp:  # llama-server measured again, the rest of <out>/batch.json kept
+        data = json.loads((args.out / "batch.json").read_text())
+        rows = [r for r in data["rows"] if r["target"] in ("int4", "fp32")]
+        rows += run_llamacpp(args.concurrency, args.temperatures)
+        write(args.out, data["command"], rows, data["batch_one"], data["fits"])
+        return 0
+    if args.report_only:
+        data = json.loads((args.out / "batch.json").read_text())
+        rows = []
+        for target in ("int4", "fp32"):
+            raw = args.out / f"raw-{target}.json"
+            if raw.is_file():
+                got = json.loads(raw.read_text())
+                rows += [r | {"peak_rss_gib": got["peak_rss_gib"]} for r in got["rows"]]
+        rows += [r for r in data["rows"] if r["target"] not in ("int4", "fp32")]  # llama-server's
+        write(args.out, data["command"], rows, data["batch_one"], data["fits"])
         return 0
     rows = []
     for target in args.targets:
@@ -450,8 +527,13 @@ def main() -> int:
     rev = args.baseline or baseline_revision()
     batch_one = [compare_batch_one(target, rev) for target in args.targets] if not args.no_baseline else []
     command = "python scripts/bench_batch.py " + " ".join(sys.argv[1:])
+    write(args.out, command, rows, batch_one, fits)
+    return 0
+
+
+def write(out: Path, command: str, rows: list[dict], batch_one: list[dict], fits: list[dict]) -> None:
     data = {"command": command, "rows": rows, "batch_one": batch_one, "fits": fits}
-    (args.out / "batch.json").write_text(json.dumps(data, indent=1))
+    (out / "batch.json").write_text(json.dumps(data, indent=1))
     md = report(rows, command)
     for b in batch_one:
         md += (
@@ -466,10 +548,9 @@ def main() -> int:
             f"{100 * f['interpolation_error_max']:.0f}%), a linear model of total tokens and rows by "
             f"{100 * f['linear_error_median']:.0f}% (max {100 * f['linear_error_max']:.0f}%).\n"
         )
-    (args.out / "batch.md").write_text(md)
-    chart(rows, args.out / "batch.png")
+    (out / "batch.md").write_text(md)
+    chart(rows, out / "batch.png")
     print(md)
-    return 0
 
 
 if __name__ == "__main__":

@@ -438,6 +438,9 @@ def main() -> int:
             result["rows"] = worker_llamacpp(prompts, n, args.repeats, LLAMACPP_KS)
         else:
             result["rows"], result["step_ms"] = worker_specrt(prompts, n, args.repeats, args.worker)
+        import resource  # the child's own peak, kept in its raw file (so a later --reuse still has it)
+
+        result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         args.raw.parent.mkdir(parents=True, exist_ok=True)
         args.raw.write_text(json.dumps(result))
         return 0

@@ -128,7 +128,7 @@ def write_report(results: list[dict], prompts: list[dict], out: Path, command: s
         md.append(
             f"| {label} | "
             + " | ".join("-" if v is None else f"{v:.2f}" for v in vals)
-            + f" | {statistics.median(got):.2f} | {rss:.1f} |"
+            + f" | {statistics.median(got):.2f} | {'-' if rss is None else f'{rss:.1f}'} |"
             if got
             else ""
         )
