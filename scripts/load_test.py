@@ -195,6 +195,29 @@ def soak(args) -> dict:
     return level
 
 
+def bare_ttft(args, n: int) -> dict:
+    """The same first n prompts through a bare in-process `engine.generate` (no HTTP, no server), one at a
+    time: the reference for the server's time to first token at concurrency 1."""
+    import specrt
+
+    texts = prompts(args.prompts)
+    engine = specrt.load(args.target, args.draft or None)
+    ttfts = []
+    for i in range(-1, n):  # -1: a warm-up, as the servers get
+        options = specrt.GenerationOptions(
+            max_new_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed + max(i, 0), ignore_eos=True
+        )
+        t0 = time.perf_counter()
+        gen = engine.generate(texts[max(i, 0) % len(texts)], options)
+        first = None
+        for _ in gen:
+            first = first or time.perf_counter()
+        if i >= 0:
+            ttfts.append((first or time.perf_counter()) - t0)
+    del engine
+    return {"config": "bare engine.generate (auto k)", "concurrency": 1, "ttft_p50": pct(ttfts, 0.5)}
+
+
 # ---------------------------------------------------------------- the suite: specrt against itself and llama-server
 
 
@@ -230,6 +253,10 @@ def suite(args) -> list[dict]:
 
     rows = []
     levels = args.concurrency
+    if 1 in levels:
+        bare = bare_ttft(args, max(2, args.requests))
+        log(f"bare engine.generate: ttft p50 {bare['ttft_p50']:.3f} s")
+        rows.append(bare)
     specrt = [str(ROOT / ".venv/bin/specrt"), "serve", "--target", args.target, "--max-batch", str(max(levels))]
     specrt += [*(["--draft", args.draft] if args.draft else []), "--model-name", args.model, "--max-queue", "1000"]
     configs = [("specrt auto k", [*specrt, "-k", "auto"]), ("specrt k=0", [*specrt, "-k", "0"])]
@@ -293,6 +320,8 @@ def report(rows: list[dict], command: str) -> str:
     md.append("| " + " | ".join([*head, "ITL p50 / p99 ms", "failures", "acceptance"]) + " |")
     md.append("|---" * 9 + "|")
     for r in rows:
+        if "requests" not in r:
+            continue  # the bare-engine reference: in the comparisons below
         acc = "-" if r.get("acceptance") is None else f"{100 * r['acceptance']:.0f}%"
         md.append(
             f"| {r.get('config', '-')} | {r.get('concurrency', r.get('rate', '-'))} | {r['requests_per_s']:.2f} | "
@@ -301,7 +330,42 @@ def report(rows: list[dict], command: str) -> str:
             f"{1000 * r['itl_p50']:.0f} / {1000 * r['itl_p99']:.0f} | "
             f"{r['failures']} | {acc} |"
         )
-    return "\n".join(md) + "\n"
+    return "\n".join(md + comparisons(rows)) + "\n"
+
+
+def comparisons(rows: list[dict]) -> list[str]:
+    """The suite's targets: auto k against the better of k = 0 and fixed k, against llama-server at the same
+    concurrency, and the server's TTFT at concurrency 1 against a bare engine.generate."""
+    tps = {
+        (r["config"].split(" -np")[0] + (" + draft" if "draft" in r["config"] else ""), r.get("concurrency")): r[
+            "output_tokens_per_s"
+        ]
+        for r in rows
+        if "output_tokens_per_s" in r
+    }
+    fixed = next((c for c, _ in tps if c.startswith("specrt k=") and c != "specrt k=0"), None)
+    out = ["", "Comparisons (output tokens/s ratios at the same concurrency):", ""]
+    for c in sorted({c for _, c in tps if c is not None}):
+        auto = tps.get(("specrt auto k", c))
+        if auto is None:
+            continue
+        parts = []
+        best = max((tps[k] for k in (("specrt k=0", c), (fixed, c)) if k in tps), default=None)
+        if best:
+            parts.append(f"auto / best of k=0 and {fixed}: {auto / best:.2f}")
+        for peer in ("llama-server", "llama-server + draft"):
+            if (peer, c) in tps:
+                parts.append(f"auto / {peer}: {auto / tps[peer, c]:.2f}")
+        out.append(f"- concurrency {c}: " + "; ".join(parts))
+    bare = next((r for r in rows if r["config"].startswith("bare")), None)
+    served = next((r for r in rows if r["config"] == "specrt auto k" and r.get("concurrency") == 1), None)
+    if bare and served:
+        ratio = served["ttft_p50"] / bare["ttft_p50"]
+        out.append(
+            f"- TTFT p50 at concurrency 1: served {served['ttft_p50']:.3f} s, bare engine.generate "
+            f"{bare['ttft_p50']:.3f} s: {ratio:.2f}x"
+        )
+    return out
 
 
 def chart(rows: list[dict], path: Path) -> None:
@@ -319,7 +383,7 @@ def chart(rows: list[dict], path: Path) -> None:
 
     curves = {}
     for r in rows:
-        if "concurrency" in r:
+        if "concurrency" in r and "output_tokens_per_s" in r:
             curves.setdefault(family(r["config"]), []).append((r["concurrency"], r["output_tokens_per_s"]))
     for name, pts in curves.items():
         ax.plot(*zip(*sorted(pts), strict=True), marker="o", label=name)

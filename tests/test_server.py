@@ -380,3 +380,34 @@ def test_specrt_serve_bad_flags_are_one_line(capsys, zoo):
     assert_one_line_error(code, err, "temperature must be a finite number >= 0")
     code, _, err = run_cli(capsys, "serve", "--target", zoo.target(), "--max-batch", "0")
     assert_one_line_error(code, err, "--max-batch must be >= 1")
+
+
+def test_the_readme_serving_examples_run(server):
+    """The curl and openai examples of the README's serving section, as written there, with only the port
+    and the model name swapped for this server's."""
+    import re
+    import shutil
+    import subprocess
+    from contextlib import redirect_stdout
+    from io import StringIO
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## Serving", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(bash|python)\n(.*?)```", section, re.S)
+    curl = next(code for lang, code in blocks if lang == "bash" and code.startswith("curl"))
+    python = next(code for lang, code in blocks if lang == "python")
+
+    def local(code: str) -> str:
+        return code.replace(":8000", f":{server.port}").replace('"qwen"', f'"{MODEL}"')
+
+    if shutil.which("curl"):
+        out = subprocess.run(local(curl), shell=True, capture_output=True, text=True, timeout=60, check=True)
+        reply = json.loads(out.stdout)
+        assert reply["object"] == "text_completion" and reply["choices"][0]["text"]
+        assert reply["usage"]["completion_tokens"] > 0
+    printed = StringIO()
+    with redirect_stdout(printed):
+        exec(compile(local(python), "README.md (serving)", "exec"), {})
+    lines = printed.getvalue().splitlines()
+    assert len(lines) >= 3 and "completion_tokens" in printed.getvalue()
