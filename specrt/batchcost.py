@@ -4,10 +4,9 @@ A round over B running rows drafts k_r tokens for row r and verifies every row i
 pass is as wide as the widest row (W = max k_r + 1: rows are padded to it), and draft position j runs one
 batched step over the B_j rows still drafting, so
 
-    cost(k) = t_target(B, W) + sum_j t_draft(B_j, 1) + sum_r t_draft(1, L_r)      gain(k) = sum_r E_r(k_r)
+    cost(k) = t_target(B, W) + sum_j t_draft(B_j, 1)         gain(k) = sum_r E_r(k_r)
 
-with E_r the expected tokens of row r (its own acceptance estimate), L_r the catch-up a drafting row's draft
-slot needs first when it sat out rounds (run alone: runner.py), and t(B, S) measured for this bundle
+with E_r the expected tokens of row r (its own acceptance estimate) and t(B, S) measured for this bundle
 on this machine (`BatchProfile`, interpolated between measured batch sizes). The round's rows first choose
 their k as if alone (costmodel.py: probes, catch-ups, plain-step timing, margins); the batch then takes the
 common ceiling K on those choices that maximises gain / cost. While a batch's cores are idle between
@@ -94,23 +93,15 @@ class BatchCost:
     ceiling: int | None = None  # the K in force
     history: list[int] = field(default_factory=list)  # K per batched round (for the no-flapping check)
 
-    def round_ms(
-        self, ks: Sequence[int], drafting: Sequence[bool] | None = None, behind: Sequence[int] | None = None
-    ) -> float:
+    def round_ms(self, ks: Sequence[int], drafting: Sequence[bool] | None = None) -> float:
         """Predicted milliseconds of a round with these k (drafting[r]: row r's drafts come from the draft
-        model; prompt lookup's are free). behind[r]: how many tokens row r's draft slot lags its target (rounds
-        it sat out); a drafting row more than 2 behind first catches up alone (runner.py), which the round
-        pays for."""
+        model; prompt lookup's are free)."""
         drafting = drafting if drafting is not None else [True] * len(ks)
-        behind = behind if behind is not None else [0] * len(ks)
         ms = self.target(len(ks), max(ks) + 1)
         if self.draft is not None:
             for j in range(1, max(ks) + 1):
                 rows = sum(1 for k, d in zip(ks, drafting, strict=True) if d and k >= j)
                 ms += self.draft(rows, 1) if rows else 0.0
-            for k, d, lag in zip(ks, drafting, behind, strict=True):
-                if k and d and lag > 2:
-                    ms += self.draft(1, lag - 1)
         return ms * self.ratio
 
     def choose(
@@ -119,7 +110,6 @@ class BatchCost:
         expected: Sequence[Callable[[int], float]],
         fixed: Sequence[bool],
         drafting: Sequence[bool],
-        behind: Sequence[int] | None = None,
     ) -> list[int]:
         """Per-row k for the round: each auto row's own choice, capped at the ceiling K that maximises the
         batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass)."""
@@ -130,7 +120,7 @@ class BatchCost:
         def value(ceiling: int) -> float:
             ks = ks_for(ceiling)
             gain = sum(e(k) for e, k in zip(expected, ks, strict=True))
-            return gain / self.round_ms(ks, drafting, behind)
+            return gain / self.round_ms(ks, drafting)
 
         top = max((w for w, f in zip(wanted, fixed, strict=True) if not f), default=0)
         candidates = {k: value(k) for k in range(top + 1)}

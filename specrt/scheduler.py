@@ -31,10 +31,9 @@ class Plan:
     k: int
     lookup: list[int] = field(default_factory=list)  # prompt lookup's proposal
     proposal: Proposal = field(default_factory=Proposal)
-    behind: int = 0  # tokens the row's draft slot lags (a catch-up before drafting)
 
     def capped(self, k: int) -> Plan:
-        return Plan(self.drafter if k else None, k, self.lookup[:k], behind=self.behind)
+        return Plan(self.drafter if k else None, k, self.lookup[:k])
 
 
 class EngineStats:
@@ -181,7 +180,6 @@ class Scheduler:
                 [self._expected(r, p.drafter) for r, p in zip(rows, plans, strict=True)],
                 [r.options.num_draft_tokens is not None for r in rows],
                 [p.drafter == "model" for p in plans],
-                [p.behind for p in plans],
             )
             plans = [p.capped(k) for p, k in zip(plans, ks, strict=True)]
         t0 = time.perf_counter()
@@ -196,8 +194,7 @@ class Scheduler:
         logits, verify_ms = self.runner.verify([(r, p.proposal.tokens) for r, p in zip(rows, plans, strict=True)])
         if len(rows) > 1 and self.batch_cost is not None:
             drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == "model" for p in plans]
-            predicted = self.batch_cost.round_ms(drafted, model, [p.behind for p in plans])
-            self.batch_cost.observe(predicted, draft_ms + verify_ms)
+            self.batch_cost.observe(self.batch_cost.round_ms(drafted, model), draft_ms + verify_ms)
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, row_logits in zip(rows, plans, logits, strict=True):
@@ -250,7 +247,6 @@ class Scheduler:
         k_cap = min(r.remaining - 1, fixed if fixed is not None else options.max_draft_tokens)
         k_cap = min(k_cap, self.runner.target.max_len - length - 1)
         best = None  # (tokens/ms, drafter name, k, lookup proposal)
-        lag = 0  # the draft model's slot: how far behind the target
         for drafter in r.drafters:
             cap = k_cap
             found = None
@@ -261,7 +257,7 @@ class Scheduler:
                 name = "model"
                 # The draft holds everything but its last proposal: length + k - 1 <= its max_len.
                 cap = min(cap, self.runner.draft.max_len - length + 1)
-                behind = lag = length - self.runner.draft.kv.rows[r.slot].length
+                behind = length - self.runner.draft.kv.rows[r.slot].length
             if cap <= 0:
                 continue
             cost = r.costs.get(name)
@@ -275,7 +271,7 @@ class Scheduler:
         if best is None:
             return Plan(None, 0)
         _, name, k, found = best
-        return Plan(name, k, found[:k] if found is not None else [], behind=lag if name == "model" else 0)
+        return Plan(name, k, found[:k] if found is not None else [])
 
     @staticmethod
     def _keep_drafting(r: Request, k: int, confidences: list[float]) -> bool:

@@ -210,20 +210,3 @@ def test_measuring_profiles_at_admission_leaves_running_rows_alone(zoo, tmp_path
     assert running.token_ids == reference[p]
     assert auto.finish_reason == "max_new_tokens"
     assert any(f.name.endswith("-quick.json") for f in (target / "profiles").iterdir())  # measured, and saved
-
-
-def test_the_batch_prices_a_draft_catch_up():
-    """A row whose draft slot sat out rounds must catch up (alone) before it drafts: the round pays for it,
-    so the batch does not turn speculation on for rows whose catch-up costs more than drafting gains."""
-    from specrt.batchcost import BatchCost, BatchProfile
-
-    widths, batches = list(range(1, 10)), [1, 2, 4, 8]
-    target = BatchProfile(batches, widths, [[20 + 0.5 * b * (w - 1) + 2 * b for w in widths] for b in batches])
-    draft = BatchProfile(batches, widths, [[2.0 + 0.2 * b + 0.5 * (w - 1) for w in widths] for b in batches])
-    expected = [lambda k: 1 + 0.6 * k] * 4
-    cost = BatchCost(target, draft)
-    caught_up = cost.round_ms([1] * 4, [True] * 4)
-    assert cost.round_ms([1] * 4, [True] * 4, [40] * 4) == pytest.approx(caught_up + 4 * draft(1, 39))
-    assert cost.round_ms([0] * 4, [True] * 4, [40] * 4) == cost.round_ms([0] * 4)  # no drafting, no catch-up
-    assert BatchCost(target, draft).choose([1] * 4, expected, [False] * 4, [True] * 4) == [1] * 4  # caught up
-    assert BatchCost(target, draft).choose([1] * 4, expected, [False] * 4, [True] * 4, [40] * 4) == [0] * 4
