@@ -181,6 +181,12 @@ class Engine:
             _check_text(what, text)
         return self.tokenizer.encode_chat(prompt, system) if chat else self.tokenizer.encode(prompt)
 
+    def encode_messages(self, messages: Sequence[dict]) -> list[int]:
+        """A conversation ({"role", "content"} dicts) through the bundle's chat template."""
+        for i, m in enumerate(messages):
+            _check_text(f"message {i}", m.get("content"))
+        return self.tokenizer.encode_messages(list(messages))
+
     def token_ids(self, prompt: Sequence[int]) -> list[int]:
         """A prompt given as token ids: integers (Python or numpy) inside the target's vocabulary."""
         if isinstance(prompt, (bytes, bytearray, memoryview)) or not isinstance(prompt, Sequence):

@@ -157,9 +157,7 @@ class Server:
         try:
             if p.kind == "completion":
                 return self.engine.generate(p.prompt, p.options)
-            prompt = self.engine.tokenizer.apply_chat_template(p.messages)
-            ids = self.engine.tokenizer.encode(prompt, add_special_tokens=False)
-            return self.engine.generate(ids, p.options)
+            return self.engine.generate(self.engine.encode_messages(p.messages), p.options)
         except PromptError as e:
             code = "context_length_exceeded" if "max_seq_len" in str(e) else "invalid_prompt"
             raise RequestError(str(e), param, code=code) from None

@@ -78,6 +78,9 @@ class Tokenizer:
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": user_text}
         ]
+        return self.encode_messages(messages)
+
+    def encode_messages(self, messages: list[dict[str, Any]]) -> list[int]:
         # The rendered template already holds BOS and friends, as in transformers' apply_chat_template.
         return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
 

@@ -214,6 +214,14 @@ def test_metrics_count_what_happened(server):
             "messages[0].role",
         ),
         ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages"),
+        # JSON can carry a lone surrogate ("\ud800"); it has no UTF-8 form, in a prompt or in a message
+        ("/v1/completions", {"model": MODEL, "prompt": "a\ud800b"}, 400, "prompt"),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "a\ud800"}]},
+            400,
+            "messages",
+        ),
         ("/v1/completions", {"model": "gpt-9", "prompt": "x"}, 404, "model"),
         ("/v1/completions", [1, 2, 3], 400, None),
     ],
