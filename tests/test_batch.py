@@ -41,9 +41,22 @@ def batch_engines(zoo):
     }
 
 
-def run_concurrently(engine, jobs, stagger: float = 0.003) -> list:
-    """Each job (prompt, options) from its own thread, started `stagger` seconds after the previous one."""
+def run_concurrently(engine, jobs, stagger: float = 0.003, fill: bool = False) -> list:
+    """Each job (prompt, options) from its own thread, started `stagger` seconds after the previous one.
+    With `fill`, the scheduler's first round waits until every job is queued, so that how full the batch
+    gets does not depend on how fast this machine starts threads compared with how fast it runs rounds."""
     out: list = [None] * len(jobs)
+    if fill:
+        step = engine.scheduler.step
+
+        def gated_step() -> None:
+            deadline = time.monotonic() + 60
+            while engine.stats["waiting"] + engine.stats["running"] < len(jobs) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            engine.scheduler.step = step  # only the first round waits
+            step()
+
+        engine.scheduler.step = gated_step
 
     def worker(i: int) -> None:
         time.sleep(stagger * i)
@@ -68,7 +81,7 @@ def test_batched_greedy_equals_single_stream(batch_engines, reference, drafters)
         (p, GenerationOptions(max_new_tokens=8 + 3 * i, num_draft_tokens=ks[i % len(ks)], ignore_eos=True))
         for i, p in enumerate(prompts())
     ]
-    out = run_concurrently(engine, jobs)
+    out = run_concurrently(engine, jobs, fill=True)
     for (p, _), gen in zip(jobs, out, strict=True):
         assert gen.token_ids == reference[p], p
     stats = engine.stats
