@@ -17,6 +17,7 @@ extension when the server gives it). Writes <out>/<name>.json, .md and .png.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -124,9 +125,15 @@ def summarize(results: list[dict], wall: float) -> dict:
 
 def run_level(args, concurrency: int, n: int, rate: float | None = None) -> dict:
     """n requests: from `concurrency` client threads back to back, or (rate) Poisson arrivals."""
+    return summarize(*run_requests(args, concurrency, n, rate=rate))
+
+
+def run_requests(args, concurrency: int, n: int, first: int = 0, rate: float | None = None) -> tuple[list[dict], float]:
+    """Requests first .. first + n - 1 (request i: prompt i and seed + i, so every server sees the same
+    ones); their results and the wall time they took."""
     texts = prompts(args.prompts)
     results, lock = [], threading.Lock()
-    rng = random.Random(args.seed)
+    rng = random.Random(args.seed + first)
     start = time.perf_counter()
     deadline = start + LIMIT_S
 
@@ -140,7 +147,7 @@ def run_level(args, concurrency: int, n: int, rate: float | None = None) -> dict
             results.append(r)
 
     if rate is None:
-        counter = iter(range(n))
+        counter = iter(range(first, first + n))
 
         def client() -> None:
             for i in counter:
@@ -149,7 +156,7 @@ def run_level(args, concurrency: int, n: int, rate: float | None = None) -> dict
         threads = [threading.Thread(target=client) for _ in range(concurrency)]
     else:
         threads = []
-        for i in range(n):
+        for i in range(first, first + n):
             time.sleep(rng.expovariate(rate))
             t = threading.Thread(target=request, args=(i,))
             t.start()
@@ -159,7 +166,7 @@ def run_level(args, concurrency: int, n: int, rate: float | None = None) -> dict
             t.start()
     for t in threads:
         t.join(timeout=max(1.0, deadline - time.perf_counter()))
-    return summarize(results, time.perf_counter() - start)
+    return results, time.perf_counter() - start
 
 
 def rss_mib(pid: int) -> float:
@@ -214,7 +221,8 @@ def bare_ttft(args, n: int) -> dict:
             first = first or time.perf_counter()
         if i >= 0:
             ttfts.append((first or time.perf_counter()) - t0)
-    del engine
+    del engine, gen
+    gc.collect()  # its sessions and KV buffers: the servers measured next want the memory
     return {"config": "bare engine.generate (auto k)", "concurrency": 1, "ttft_p50": pct(ttfts, 0.5)}
 
 
@@ -246,11 +254,50 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def suite(args) -> list[dict]:
-    """specrt serve with auto k, with k = 0 and with fixed k, and llama-server with and without its draft,
-    at each concurrency; each server process started for its configuration on a free loopback port."""
+def free_port() -> int:
     import socket
 
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llama_servers(args, concurrency: int) -> list[tuple[str, list[str]]]:
+    """llama-server with -np c slots on the GGUF pair, plain and with its draft (none when not built)."""
+    try:
+        out = subprocess.run(
+            ["bash", str(ROOT / "scripts/build_llamacpp.sh")], check=True, capture_output=True, text=True, timeout=30
+        )
+    except (subprocess.SubprocessError, OSError):
+        return []
+    bin_dir = out.stdout.strip().splitlines()[-1]
+    gguf = [
+        str(ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf"),
+        str(ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf"),
+    ]
+    c = concurrency
+    base = [
+        f"{bin_dir}/llama-server",
+        "-m",
+        gguf[0],
+        "-t",
+        str(os.cpu_count() or 1),
+        "-np",
+        str(c),
+        "-c",
+        str(4096 * c),
+    ]
+    base += ["--no-webui", "--log-disable", "--alias", args.model]
+    draft = [*base, "-md", gguf[1], "--spec-type", "draft-simple", "--spec-draft-n-max", "5"]
+    return [(f"llama-server -np {c}", base), (f"llama-server -np {c} + draft k=5", draft)]
+
+
+def suite(args) -> list[dict]:
+    """specrt serve with auto k, with k = 0 and with fixed k, and llama-server with and without its draft,
+    at each concurrency, INTERLEAVED: the three specrt servers run for the whole suite, the two llama-servers
+    for each level (-np c); a level's requests are split into `--rounds` parts and every server takes each
+    part in turn (order reversed every other part), so that this machine's drift falls on all of them alike.
+    Every server gets the same requests (prompt i, seed + i) and one untimed warm-up."""
     rows = []
     levels = args.concurrency
     if 1 in levels:
@@ -259,54 +306,49 @@ def suite(args) -> list[dict]:
         rows.append(bare)
     specrt = [str(ROOT / ".venv/bin/specrt"), "serve", "--target", args.target, "--max-batch", str(max(levels))]
     specrt += [*(["--draft", args.draft] if args.draft else []), "--model-name", args.model, "--max-queue", "1000"]
-    configs = [("specrt auto k", [*specrt, "-k", "auto"]), ("specrt k=0", [*specrt, "-k", "0"])]
-    configs.append((f"specrt k={args.fixed_k}", [*specrt, "-k", str(args.fixed_k)]))
-    try:
-        bin_dir = (
-            subprocess.run(
-                ["bash", str(ROOT / "scripts/build_llamacpp.sh")],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        gguf = [
-            str(ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf"),
-            str(ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf"),
-        ]
-        threads = str(os.cpu_count() or 1)
-        for c in levels:
-            base = [f"{bin_dir}/llama-server", "-m", gguf[0], "-t", threads, "-np", str(c), "-c", str(4096 * c)]
-            base += ["--no-webui", "--log-disable", "--alias", args.model]
-            configs.append((f"llama-server -np {c}", base))
-            configs.append(
-                (
-                    f"llama-server -np {c} + draft k=5",
-                    [*base, "-md", gguf[1], "--spec-type", "draft-simple", "--spec-draft-n-max", "5"],
-                )
-            )
-    except (subprocess.SubprocessError, OSError):
+    fixed = [("specrt auto k", [*specrt, "-k", "auto"]), ("specrt k=0", [*specrt, "-k", "0"])]
+    fixed.append((f"specrt k={args.fixed_k}", [*specrt, "-k", str(args.fixed_k)]))
+    if not llama_servers(args, 1):
         log("llama.cpp is not built (bash scripts/build_llamacpp.sh): no llama-server rows")
-    for name, cmd in configs:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+
+    def launch(name: str, cmd: list[str]) -> None:
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
-        only = [int(name.split("-np ")[1].split()[0])] if "-np " in name else levels
-        proc = start_server([*cmd, "--host", "127.0.0.1", "--port", str(port)], url)
-        try:
-            args.url = url
-            run_level(args, 1, 2)  # warm-up
-            for c in only:
-                log(f"{name}, concurrency {c}")
-                row = run_level(args, c, max(2 * c, args.requests))
+        servers[name] = (start_server([*cmd, "--host", "127.0.0.1", "--port", str(port)], url), url)
+        args.url = url
+        run_level(args, 1, 2)  # warm-up
+        log(f"started {name}")
+
+    try:
+        for name, cmd in fixed:
+            launch(name, cmd)
+        for c in levels:
+            per_level = llama_servers(args, c)
+            for name, cmd in per_level:
+                launch(name, cmd)
+            names = [name for name, _ in fixed] + [name for name, _ in per_level]
+            n = max(2 * c, args.requests)
+            parts = [n // args.rounds + (1 if i < n % args.rounds else 0) for i in range(args.rounds)]
+            done: dict[str, tuple[list, float]] = {name: ([], 0.0) for name in names}
+            first = 0
+            for rnd, part in enumerate(p for p in parts if p):
+                for name in names if rnd % 2 == 0 else names[::-1]:
+                    args.url = servers[name][1]
+                    results, wall = run_requests(args, c, part, first)
+                    done[name] = (done[name][0] + results, done[name][1] + wall)
+                first += part
+            for name in names:
+                row = summarize(*done[name])
                 rows.append({"config": name, "concurrency": c} | row)
-                tps, ttft = row["output_tokens_per_s"], row["ttft_p50"]
-                log(f"  {tps:.1f} tok/s, ttft p50 {ttft:.2f} s, failures {row['failures']}")
-        finally:
+                log(
+                    f"{name}, concurrency {c}: {row['output_tokens_per_s']:.1f} tok/s, ttft p50 "
+                    f"{row['ttft_p50']:.2f} s, failures {row['failures']}"
+                )
+            for name, _ in per_level:
+                stop_server(servers.pop(name)[0])
+    finally:
+        for proc, _ in servers.values():
             stop_server(proc)
     return rows
 
@@ -413,6 +455,7 @@ def main() -> int:
     parser.add_argument("--target", default=str(ROOT / "engines/qwen2.5-coder-1.5b-int4"))
     parser.add_argument("--draft", default=str(ROOT / "engines/qwen2.5-coder-0.5b-int4"))
     parser.add_argument("--fixed-k", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="suite: parts of each level the servers alternate on")
     parser.add_argument("--out", type=Path, default=ROOT / "results/serve")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
