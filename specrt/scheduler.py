@@ -174,12 +174,14 @@ class Scheduler:
 
     def _round(self, rows: list[Request]) -> None:
         plans = [self._plan(r, alone=len(rows) == 1) for r in rows]
+        context = max(len(r.tokens) for r in rows)  # the batched passes attend every row over the longest
         if len(rows) > 1 and self.batch_cost is not None:  # the batch's ceiling on the rows' own choices
             ks = self.batch_cost.choose(
                 [p.k for p in plans],
                 [self._expected(r, p.drafter) for r, p in zip(rows, plans, strict=True)],
                 [r.options.num_draft_tokens is not None for r in rows],
                 [p.drafter == "model" for p in plans],
+                context,
             )
             plans = [p.capped(k) for p, k in zip(plans, ks, strict=True)]
         t0 = time.perf_counter()
@@ -194,7 +196,7 @@ class Scheduler:
         logits, verify_ms = self.runner.verify([(r, p.proposal.tokens) for r, p in zip(rows, plans, strict=True)])
         if len(rows) > 1 and self.batch_cost is not None:
             drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == "model" for p in plans]
-            self.batch_cost.observe(self.batch_cost.round_ms(drafted, model), draft_ms + verify_ms)
+            self.batch_cost.observe(self.batch_cost.round_ms(drafted, model, context), draft_ms + verify_ms)
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, row_logits in zip(rows, plans, logits, strict=True):

@@ -204,6 +204,61 @@ def test_k_for_the_batch_does_not_flap():
     assert BatchCost(target, draft).choose([4], [lambda k: 1 + 0.95 * k], [False], [True]) == [4]
 
 
+def test_batch_cost_reads_t_at_the_batchs_longest_row():
+    """A batched pass attends every row over the longest one, a cost per row that grows with the context: a
+    plain step of a full batch is cheap at short contexts (speculation does not pay) and dear at long ones
+    (it does). The profiles at two contexts are interpolated and extrapolated linearly, never below the
+    shortest context's time."""
+    from specrt.batchcost import BatchCost, BatchProfile, BatchProfiles
+
+    widths, batches = list(range(1, 10)), [1, 2, 4, 8]
+
+    def profile(context: int, per_token: float, per_row: float) -> BatchProfile:
+        ms = [[5 + per_token * b * w + per_row * b * context for w in widths] for b in batches]
+        return BatchProfile(batches, widths, ms, context, reps=4)
+
+    target = BatchProfiles([profile(64, 4.0, 1 / 64), profile(512, 4.0, 1 / 64)])
+    draft = BatchProfiles([profile(64, 0.3, 0.0), profile(512, 0.3, 0.0)])
+    exact = profile(2048, 4.0, 1 / 64)
+    assert target(8, 2, 2048) == pytest.approx(exact(8, 2))  # linear past the longest measured context
+    assert target(8, 2, 288) == pytest.approx(profile(288, 4.0, 1 / 64)(8, 2))
+    assert target(8, 2, 10) == target(8, 2, 64)  # no cheaper than the shortest measured context
+    expected = [lambda k: sum(0.6**i for i in range(k + 1))] * 8
+    args = ([4] * 8, expected, [False] * 8, [True] * 8)
+    assert BatchCost(target, draft).choose(*args, context=64) == [0] * 8
+    assert min(BatchCost(target, draft).choose(*args, context=2048)) >= 1
+    # Read at 512 tokens only (the single profile of before), the short batch would draft.
+    assert min(BatchCost(target.profiles[1], draft.profiles[1]).choose(*args, context=64)) >= 1
+
+
+def test_a_batch_profile_of_the_old_form_is_measured_again(zoo, tmp_path):
+    """A stored batch profile of one context, timed over 2 rounds (the form before), is replaced by one at
+    every measured context with REPS rounds; that one is then read back, not measured again."""
+    import json
+    import shutil
+
+    from specrt.batchcost import CONTEXTS, REPS
+    from specrt.bundle import open_bundle
+    from specrt.profile import batch_profile_for
+    from specrt.session import ModelSession
+
+    bundle = shutil.copytree(zoo.target(), tmp_path / "t", ignore=shutil.ignore_patterns("profiles"))
+    session = ModelSession(open_bundle(bundle), rows=2)
+    fresh = batch_profile_for(session)
+    (path,) = (bundle / "profiles").glob("*-batch.json")
+    old = {"batches": [1, 2], "widths": list(range(1, 10)), "ms": [[1.0] * 9, [2.0] * 9], "context": 512}
+    path.write_text(json.dumps(old))
+    again = batch_profile_for(session)
+    contexts = [min(c, session.max_len - 9) for c in CONTEXTS]  # (this tiny bundle holds 256 positions)
+    assert [p.context for p in again.profiles] == contexts and again.reps == REPS
+    assert again(2, 1, 64) != 2.0  # measured, not the old file's numbers
+    stored = json.loads(path.read_text())
+    assert [p["context"] for p in stored["profiles"]] == contexts
+    path.write_text(json.dumps({"profiles": [dict(p, ms=[[7.0] * 9] * 2) for p in stored["profiles"]]}))
+    assert batch_profile_for(session)(2, 1, 64) == 7.0  # a current file is read as it is
+    assert fresh.reps == REPS
+
+
 def test_measuring_profiles_at_admission_leaves_running_rows_alone(zoo, tmp_path, reference):
     """The first auto-k request of an engine on a machine without profiles measures them in its own slot,
     while another request is mid-generation in the other slot: that one's output is unchanged."""
