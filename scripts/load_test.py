@@ -262,15 +262,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def llama_servers(args, concurrency: int) -> list[tuple[str, list[str]]]:
-    """llama-server with -np c slots on the GGUF pair, plain and with its draft (none when not built)."""
+def llamacpp_bin() -> str | None:
+    """The folder of the cached llama.cpp build (scripts/build_llamacpp.sh), or None when it is not built."""
     try:
         out = subprocess.run(
             ["bash", str(ROOT / "scripts/build_llamacpp.sh")], check=True, capture_output=True, text=True, timeout=30
         )
     except (subprocess.SubprocessError, OSError):
+        return None
+    return out.stdout.strip().splitlines()[-1]
+
+
+def llama_servers(args, bin_dir: str | None, concurrency: int) -> list[tuple[str, list[str]]]:
+    """llama-server with -np c slots on the GGUF pair, plain and with its draft (none when not built)."""
+    if bin_dir is None:
         return []
-    bin_dir = out.stdout.strip().splitlines()[-1]
     gguf = [
         str(ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf"),
         str(ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf"),
@@ -308,7 +314,8 @@ def suite(args) -> list[dict]:
     specrt += [*(["--draft", args.draft] if args.draft else []), "--model-name", args.model, "--max-queue", "1000"]
     fixed = [("specrt auto k", [*specrt, "-k", "auto"]), ("specrt k=0", [*specrt, "-k", "0"])]
     fixed.append((f"specrt k={args.fixed_k}", [*specrt, "-k", str(args.fixed_k)]))
-    if not llama_servers(args, 1):
+    bin_dir = llamacpp_bin()
+    if bin_dir is None:
         log("llama.cpp is not built (bash scripts/build_llamacpp.sh): no llama-server rows")
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
 
@@ -324,7 +331,7 @@ def suite(args) -> list[dict]:
         for name, cmd in fixed:
             launch(name, cmd)
         for c in levels:
-            per_level = llama_servers(args, c)
+            per_level = llama_servers(args, bin_dir, c)
             for name, cmd in per_level:
                 launch(name, cmd)
             names = [name for name, _ in fixed] + [name for name, _ in per_level]

@@ -46,7 +46,7 @@ class BatchProfile:
     context: int = 512
     reps: int = 0  # timed rounds behind each median (0: a profile from before this was recorded)
 
-    def __call__(self, batch: int, width: int, context: int | None = None) -> float:
+    def __call__(self, batch: int, width: int) -> float:
         row = [self._at_width(r, width) for r in self.ms]
         if batch <= self.batches[0]:
             return row[0] * batch / self.batches[0]
@@ -79,12 +79,17 @@ class BatchProfiles:
             return ps[-1](batch, width)
         lo, hi = (ps[0], ps[1]) if context <= ps[1].context else (ps[-2], ps[-1])
         t_lo, t_hi = lo(batch, width), hi(batch, width)
-        slope = (t_hi - t_lo) / (hi.context - lo.context)
-        return max(ps[0](batch, width), t_lo + slope * (context - lo.context))
+        t = t_lo + (t_hi - t_lo) / (hi.context - lo.context) * (context - lo.context)
+        return max(t, t_lo if lo is ps[0] else ps[0](batch, width))
 
     @property
     def reps(self) -> int:
         return min(p.reps for p in self.profiles)
+
+
+def clamp_contexts(contexts: Sequence[int], max_len: int, widths: Sequence[int] = WIDTHS) -> list[int]:
+    """The contexts a profile can be measured at in a session of max_len positions (a short one holds fewer)."""
+    return sorted({max(0, min(c, max_len - max(widths))) for c in contexts})
 
 
 def measure_batch(
@@ -100,7 +105,7 @@ def measure_batches(
     """t(B, S) at each context for a session with at least max(batches) rows; every cell once per round,
     rounds interleaved (order reversed every other round), medians, non-decreasing in S (more tokens never
     take less time; noise only adds)."""
-    contexts = sorted({max(0, min(c, session.max_len - max(widths))) for c in contexts})
+    contexts = clamp_contexts(contexts, session.max_len, widths)
     slots = len(session.kv.rows)
     batches = [b for b in batches if b <= slots]
     cells = [(c, b, w) for c in contexts for b in batches for w in widths]
@@ -128,13 +133,19 @@ def measure_batches(
 
 @dataclass
 class BatchCost:
-    target: BatchProfile | BatchProfiles
-    draft: BatchProfile | BatchProfiles | None
+    target: BatchProfiles | BatchProfile  # a single profile is read at its one context
+    draft: BatchProfiles | BatchProfile | None
     margin: float = 0.05  # a new ceiling must promise this much more tokens/s than the current one
     decay: float = 0.8
     ratio: float = 1.0  # live / profiled time of batched rounds, smoothed (the machine's drift)
     ceiling: int | None = None  # the K in force
     history: list[int] = field(default_factory=list)  # K per batched round (for the no-flapping check)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target, BatchProfile):
+            self.target = BatchProfiles([self.target])
+        if isinstance(self.draft, BatchProfile):
+            self.draft = BatchProfiles([self.draft])
 
     def round_ms(self, ks: Sequence[int], drafting: Sequence[bool] | None = None, context: int | None = None) -> float:
         """Predicted milliseconds of a round with these k (drafting[r]: row r's drafts come from the draft

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .batchcost import BATCHES, BatchProfile, BatchProfiles, measure_batches
+from .batchcost import BATCHES, BatchProfile, BatchProfiles, clamp_contexts, measure_batches
 from .batchcost import CONTEXTS as BATCH_CONTEXTS
 from .batchcost import REPS as BATCH_REPS
 from .batchcost import WIDTHS as BATCH_WIDTHS
@@ -227,7 +227,8 @@ def batch_profile_for(session: ModelSession) -> BatchProfiles:
         first = found.profiles[0]
         wide_enough = max(first.batches) >= min(slots, max(BATCHES)) and first.widths == list(BATCH_WIDTHS)
         # An older file (one context, or fewer timed rounds than REPS) is measured again.
-        if wide_enough and found.reps >= BATCH_REPS and len(found.profiles) == len(BATCH_CONTEXTS):
+        contexts = clamp_contexts(BATCH_CONTEXTS, session.max_len, BATCH_WIDTHS)
+        if wide_enough and found.reps >= BATCH_REPS and [p.context for p in found.profiles] == contexts:
             return found
     except (OSError, ValueError, TypeError, KeyError):
         pass
