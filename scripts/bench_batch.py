@@ -23,66 +23,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import benchkit as kit
+
 BUNDLES = {
-    "fp32": ROOT / "engines/graphs/target-fp32-standard",
-    "int4": ROOT / "engines/graphs/target-int4-standard",
-    "draft": ROOT / "engines/graphs/draft-int4-standard",
-}
-GGUF = {
-    "target": ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf",
-    "draft": ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf",
+    "fp32": kit.ROOT / "engines/graphs/target-fp32-standard",
+    "int4": kit.ROOT / "engines/graphs/target-int4-standard",
+    "draft": kit.ROOT / "engines/graphs/draft-int4-standard",
 }
 CONFIGS = {"plain": 0, "k=3": 3, "k=5": 5, "auto": None}
 NEW_TOKENS = 128
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def prompt_set(n: int) -> list[tuple[str, bool, str]]:
-    """n different prompts (text, chat, kind): code, prose and chat in turn."""
-    code = [
-        "def merge_sort(items):\n",
-        "class LRUCache:\n    def __init__(self, capacity: int):\n",
-        'def parse_csv(path):\n    """Read a CSV file into a list of dicts."""\n',
-        "async def fetch_all(urls):\n",
-        "def levenshtein(a: str, b: str) -> int:\n",
-        "import numpy as np\n\ndef softmax(x):\n",
-    ]
-    prose = [
-        "Once upon a time, in a small village by the sea, there lived",
-        "The main causes of inflation in modern economies are",
-        "A good code review should",
-        "The history of the printing press begins",
-        "When planning a long hike, the most important thing is",
-        "Rivers shape the land around them by",
-    ]
-    chat = [
-        "Write a Python function that checks whether a string is a palindrome.",
-        "Explain what a hash table is and when to use one.",
-        "How do I reverse a linked list in place?",
-        "What is the difference between a process and a thread?",
-        "Write a SQL query that finds the second highest salary.",
-        "Explain big-O notation with an example.",
-    ]
-    kinds = [(t, False, "code") for t in code], [(t, False, "prose") for t in prose], [(t, True, "chat") for t in chat]
-    mixed = [item for triple in zip(*kinds, strict=True) for item in triple]
-    return [mixed[i % len(mixed)] for i in range(n)]
-
-
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
 # ---------------------------------------------------------------- specrt
@@ -93,38 +48,23 @@ def run_specrt(engine, concurrency: int, k: int | None, temperature: float, outp
     each request generated, for the comparison with single-stream output."""
     import specrt
 
-    prompts = prompt_set(2 * concurrency)
-    jobs = list(enumerate(prompts))
-    lock, results = threading.Lock(), []
-
-    def client() -> None:
-        while True:
-            with lock:
-                if not jobs:
-                    return
-                i, (text, chat, _) = jobs.pop(0)
-            options = specrt.GenerationOptions(
-                max_new_tokens=NEW_TOKENS, num_draft_tokens=k, temperature=temperature, seed=i, ignore_eos=True
-            )
-            t0 = time.perf_counter()
-            gen = engine.generate(text, options, chat=chat)
-            first = None
-            for _ in gen:
-                first = first or time.perf_counter()
-            end = time.perf_counter()
-            with lock:
-                results.append({"ttft": (first or end) - t0, "s": end - t0, "tokens": len(gen.token_ids)})
-                if outputs is not None:
-                    outputs[i] = list(gen.token_ids)
+    def request(job: tuple[int, tuple[str, bool, str]]) -> dict:
+        i, (text, chat, _) = job
+        options = specrt.GenerationOptions(
+            max_new_tokens=NEW_TOKENS, num_draft_tokens=k, temperature=temperature, seed=i, ignore_eos=True
+        )
+        t0 = time.perf_counter()
+        gen = engine.generate(text, options, chat=chat)
+        first = None
+        for _ in gen:
+            first = first or time.perf_counter()
+        end = time.perf_counter()
+        if outputs is not None:
+            outputs[i] = list(gen.token_ids)
+        return {"ttft": (first or end) - t0, "s": end - t0, "tokens": len(gen.token_ids)}
 
     before = engine.stats
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    results, wall = kit.run_clients(request, enumerate(kit.mixed_prompts(2 * concurrency)), concurrency)
     after = engine.stats
     ks = {int(k): v - before["k_chosen"].get(k, 0) for k, v in after["k_chosen"].items()}
     sizes = {int(b): v - before["batch_sizes"].get(b, 0) for b, v in after["batch_sizes"].items()}
@@ -140,16 +80,14 @@ def summary(results: list[dict], wall: float) -> dict:
         "requests": len(results),
         "total_tokens_per_s": tokens / wall,
         "per_request_tokens_per_s": statistics.median(r["tokens"] / r["s"] for r in results),
-        "ttft_p50_s": percentile([r["ttft"] for r in results], 0.5),
-        "ttft_p99_s": percentile([r["ttft"] for r in results], 0.99),
+        "ttft_p50_s": kit.percentile([r["ttft"] for r in results], 0.5),
+        "ttft_p99_s": kit.percentile([r["ttft"] for r in results], 0.99),
         "wall_s": wall,
     }
 
 
 def worker(target: str, levels: list[int], temperatures: list[float], out: Path) -> None:
     """One target precision in its own process (its peak RSS is its own)."""
-    import resource
-
     import specrt
 
     rows, greedy = [], []
@@ -163,20 +101,18 @@ def worker(target: str, levels: list[int], temperatures: list[float], out: Path)
         run_specrt(engine, c, 0, 0.0)
         engine.complete("def f(x):", specrt.GenerationOptions(max_new_tokens=4))
         for temperature in temperatures:
-            order = list(CONFIGS.items())
-            for name, k in order if c % 2 else order[::-1]:
-                log(f"{target} c={c} T={temperature} {name}")
+            for name, k in kit.interleave(CONFIGS.items(), c + 1):
+                kit.log(f"{target} c={c} T={temperature} {name}")
                 outputs: dict[int, list[int]] = {}
                 row = run_specrt(engine, c, k, temperature, outputs)
                 rows.append({"target": target, "concurrency": c, "temperature": temperature, "config": name} | row)
                 if temperature == 0:
                     greedy.append((rows[-1], outputs))
                 total, ttft = row["total_tokens_per_s"], row["ttft_p50_s"]
-                log(f"  {total:.1f} tok/s total, ttft p50 {ttft:.2f} s, k {row['k_chosen']}")
+                kit.log(f"  {total:.1f} tok/s total, ttft p50 {ttft:.2f} s, k {row['k_chosen']}")
         del engine
     compare_with_single_stream(target, greedy)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    out.write_text(json.dumps({"rows": rows, "peak_rss_gib": peak}))
+    out.write_text(json.dumps({"rows": rows, "peak_rss_gib": kit.peak_rss_gib()}))
 
 
 def compare_with_single_stream(target: str, greedy: list[tuple[dict, dict]]) -> None:
@@ -185,15 +121,15 @@ def compare_with_single_stream(target: str, greedy: list[tuple[dict, dict]]) -> 
     and the target's top-2 logit margin there (batched kernels may round a near-tie differently; a
     difference at a large margin is a bug)."""
     import specrt
-    from specrt.bench import divergence
+    from specrt.decoding.divergence import divergence
 
     used = sorted({i for _, outputs in greedy for i in outputs})
     if not used:
         return
     engine = specrt.load(BUNDLES[target], max_batch=1)
-    prompts = prompt_set(max(used) + 1)
+    prompts = kit.mixed_prompts(max(used) + 1)
     options = specrt.GenerationOptions(max_new_tokens=NEW_TOKENS, num_draft_tokens=0, ignore_eos=True)
-    log(f"{target}: single-stream target-only outputs of {len(used)} prompts")
+    kit.log(f"{target}: single-stream target-only outputs of {len(used)} prompts")
     ids = {i: engine.encode(prompts[i][0], chat=prompts[i][1]) for i in used}
     reference = {i: list(engine.complete(ids[i], options).token_ids) for i in used}
     for row, outputs in greedy:
@@ -210,97 +146,51 @@ def compare_with_single_stream(target: str, greedy: list[tuple[dict, dict]]) -> 
 
 
 def run_llamacpp(levels: list[int], temperatures: list[float]) -> list[dict]:
-    import socket
-    import urllib.request
-
-    try:
-        built = subprocess.run(
-            ["bash", str(ROOT / "scripts/build_llamacpp.sh")], check=True, capture_output=True, text=True, timeout=30
-        )
-    except (subprocess.SubprocessError, OSError):
-        log("llama.cpp is not built (bash scripts/build_llamacpp.sh): skipping llama-server")
+    bin_dir = kit.llamacpp_bin()
+    if bin_dir is None:
+        kit.log("llama.cpp is not built (bash scripts/build_llamacpp.sh): skipping llama-server")
         return []
-    server_bin = Path(built.stdout.strip().splitlines()[-1]) / "llama-server"
     import specrt
 
     tok = specrt.open_bundle(BUNDLES["int4"]).load_tokenizer()
     rows = []
     for draft in (False, True):
         for c in levels:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
-            threads = str(os.cpu_count() or 1)
-            cmd = [str(server_bin), "-m", str(GGUF["target"]), "--host", "127.0.0.1", "--port", str(port)]
-            cmd += ["-t", threads, "-np", str(c), "-c", str(4096 * c), "--no-webui", "--log-disable"]
-            if draft:
-                cmd += ["-md", str(GGUF["draft"]), "--spec-type", "draft-simple", "--spec-draft-n-max", "5"]
-            server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            server, url = kit.start_server(kit.llama_server_cmd(bin_dir, c, 5 if draft else 0), timeout=300, poll=0.5)
             try:
-                deadline = time.time() + 300
-                while True:
-                    try:
-                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                            if r.status == 200:
-                                break
-                    except OSError:
-                        pass
-                    if time.time() > deadline or server.poll() is not None:
-                        raise RuntimeError("llama-server did not come up")
-                    time.sleep(0.5)
-                llamacpp_level(port, tok, 1, 0.0, n=1)  # warm-up, as the specrt engines get
+                llamacpp_level(url, tok, 1, 0.0, n=1)  # warm-up, as the specrt engines get
                 for temperature in temperatures:
                     name = "llama-server + draft k=5" if draft else "llama-server"
-                    log(f"{name} c={c} T={temperature}")
-                    row = llamacpp_level(port, tok, c, temperature)
+                    kit.log(f"{name} c={c} T={temperature}")
+                    row = llamacpp_level(url, tok, c, temperature)
                     rows.append(
                         {"target": "Q4_K_M", "concurrency": c, "temperature": temperature, "config": name} | row
                     )
-                    log(f"  {row['total_tokens_per_s']:.1f} tok/s total")
+                    kit.log(f"  {row['total_tokens_per_s']:.1f} tok/s total")
             finally:
                 server.terminate()
-                _, _, usage = os.wait4(server.pid, 0)
+                _, peak = kit.wait_child(server)
             for r in rows[-len(temperatures) :]:
-                r["peak_rss_gib"] = usage.ru_maxrss / 2**20
+                r["peak_rss_gib"] = peak
     return rows
 
 
-def llamacpp_level(port: int, tok, concurrency: int, temperature: float, n: int | None = None) -> dict:
-    import urllib.request
+def llamacpp_level(url: str, tok, concurrency: int, temperature: float, n: int | None = None) -> dict:
+    def request(job: tuple[int, tuple[str, bool, str]]) -> dict:
+        i, (text, chat, _) = job
+        ids = tok.encode_chat(text) if chat else tok.encode(text)
+        body = {"prompt": ids, "n_predict": NEW_TOKENS, "temperature": temperature, "seed": i}
+        body |= {"ignore_eos": True, "cache_prompt": False, "stream": True}
+        t0, first, tokens = time.perf_counter(), None, 0
+        with kit.post(f"{url}/completion", body, 900) as r:
+            for data in kit.sse_events(r):
+                if "content" in data:
+                    first = first or time.perf_counter()
+                    tokens = max(tokens, data.get("tokens_predicted", tokens))
+        end = time.perf_counter()
+        return {"ttft": (first or end) - t0, "s": end - t0, "tokens": tokens or NEW_TOKENS}
 
-    prompts = prompt_set(n or 2 * concurrency)
-    jobs = list(enumerate(prompts))
-    lock, results = threading.Lock(), []
-
-    def client() -> None:
-        while True:
-            with lock:
-                if not jobs:
-                    return
-                i, (text, chat, _) = jobs.pop(0)
-            ids = tok.encode_chat(text) if chat else tok.encode(text)
-            body = {"prompt": ids, "n_predict": NEW_TOKENS, "temperature": temperature, "seed": i}
-            body |= {"ignore_eos": True, "cache_prompt": False, "stream": True}
-            req = urllib.request.Request(
-                f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
-            )
-            t0, first, n = time.perf_counter(), None, 0
-            with urllib.request.urlopen(req, timeout=900) as r:
-                for line in r:
-                    if line.startswith(b"data: ") and b'"content"' in line:
-                        first = first or time.perf_counter()
-                        n = max(n, json.loads(line[6:]).get("tokens_predicted", n))
-            end = time.perf_counter()
-            with lock:
-                results.append({"ttft": (first or end) - t0, "s": end - t0, "tokens": n or NEW_TOKENS})
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return summary(results, time.perf_counter() - t0)
+    return summary(*kit.run_clients(request, enumerate(kit.mixed_prompts(n or 2 * concurrency)), concurrency))
 
 
 # ---------------------------------------------------------------- batch 1: this engine against the one before it
@@ -323,8 +213,8 @@ for line in sys.stdin:
 def baseline_revision() -> str:
     """The commit before the batch engine (the parent of the commit that added specrt/scheduler.py)."""
     added = subprocess.run(
-        ["git", "log", "--diff-filter=A", "--format=%H", "--", "specrt/scheduler.py"],
-        cwd=ROOT,
+        ["git", "log", "--diff-filter=A", "--format=%H", "--", "specrt/scheduler.py", "specrt/engine/scheduler.py"],
+        cwd=kit.ROOT,
         check=True,
         capture_output=True,
         text=True,
@@ -337,17 +227,16 @@ def compare_batch_one(target: str, rev: str, repeats: int = 2) -> dict:
     own, asked in alternation (ABBA) prompt by prompt. Returns median tokens/s of each and their ratio."""
     tree = Path(f"/tmp/specrt-baseline-{rev.replace('~', '-')}")
     if not tree.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True)
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=kit.ROOT, check=True)
     procs = {}
-    for name, path in (("baseline", tree), ("this", ROOT)):
+    for name, path in (("baseline", tree), ("this", kit.ROOT)):
         cmd = [sys.executable, "-c", SERVE % NEW_TOKENS, str(path), str(BUNDLES[target]), str(BUNDLES["draft"])]
         procs[name] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert procs[name].stdout.readline().strip() == "ready"
     speeds = {name: [] for name in procs}
     for rep in range(repeats):
-        for i, (text, chat, _) in enumerate(prompt_set(8)):
-            order = list(procs) if (rep + i) % 2 else list(procs)[::-1]
-            for name in order:
+        for i, (text, chat, _) in enumerate(kit.mixed_prompts(8)):
+            for name in kit.interleave(procs, rep + i + 1):
                 procs[name].stdin.write(json.dumps([text, chat]) + "\n")
                 procs[name].stdin.flush()
                 speeds[name].append(json.loads(procs[name].stdout.readline()))
@@ -374,11 +263,12 @@ def fit_report(name: str, path: Path, max_batch: int = 8) -> dict:
     import numpy as np
 
     import specrt
-    from specrt.batchcost import BatchProfile, measure_batch
-    from specrt.session import ModelSession, SessionOptions
+    from specrt.runtime.session import ModelSession, SessionOptions
+    from specrt.tuning.measure import measure_batches
+    from specrt.tuning.profile import BatchProfile
 
     session = ModelSession(specrt.open_bundle(path), SessionOptions(spin_between_runs=False), rows=max_batch)
-    prof = measure_batch(session, [1, 2, 4, 8], list(range(1, 10)), reps=3)
+    prof = measure_batches(session, [1, 2, 4, 8], list(range(1, 10)), [512], reps=3).profiles[0]
     del session
     grid = {(b, w): prof.ms[i][j] for i, b in enumerate(prof.batches) for j, w in enumerate(prof.widths)}
     held = [(4, w) for w in prof.widths]
@@ -447,12 +337,8 @@ def report(rows: list[dict], command: str) -> str:
 
 
 def chart(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = kit.pyplot()
+    if plt is None:
         return
     temps = sorted({r["temperature"] for r in rows})
     fig, axes = plt.subplots(1, len(temps), figsize=(7 * len(temps), 5), squeeze=False)
@@ -464,19 +350,14 @@ def chart(rows: list[dict], path: Path) -> None:
                 if (r["target"], r["config"]) == key and r["temperature"] == temperature
             )
             ax.plot(*zip(*pts, strict=True), marker="o", label=" ".join(key))
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylabel("total output tokens/s")
         ax.set_title(f"temperature {temperature}")
-        ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        kit.concurrency_axes(ax, "total output tokens/s", 7)
+    kit.save_figure(fig, path)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "results/batch")
+    parser.add_argument("--out", type=Path, default=kit.ROOT / "results/batch")
     parser.add_argument("--targets", nargs="*", default=["int4", "fp32"], choices=["int4", "fp32"])
     parser.add_argument("--concurrency", nargs="*", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--temperatures", nargs="*", type=float, default=[0.0, 0.7])
@@ -526,14 +407,13 @@ def main() -> int:
     fits = [fit_report(name, BUNDLES[name]) for name in (*args.targets, "draft")] if not args.no_fit else []
     rev = args.baseline or baseline_revision()
     batch_one = [compare_batch_one(target, rev) for target in args.targets] if not args.no_baseline else []
-    command = "python scripts/bench_batch.py " + " ".join(sys.argv[1:])
+    command = kit.command_line()
     write(args.out, command, rows, batch_one, fits)
     return 0
 
 
 def write(out: Path, command: str, rows: list[dict], batch_one: list[dict], fits: list[dict]) -> None:
     data = {"command": command, "rows": rows, "batch_one": batch_one, "fits": fits}
-    (out / "batch.json").write_text(json.dumps(data, indent=1))
     md = report(rows, command)
     for b in batch_one:
         md += (
@@ -548,9 +428,7 @@ def write(out: Path, command: str, rows: list[dict], batch_one: list[dict], fits
             f"{100 * f['interpolation_error_max']:.0f}%), a linear model of total tokens and rows by "
             f"{100 * f['linear_error_median']:.0f}% (max {100 * f['linear_error_max']:.0f}%).\n"
         )
-    (out / "batch.md").write_text(md)
-    chart(rows, out / "batch.png")
-    print(md)
+    kit.write_outputs(out, "batch", md, data, lambda path: chart(rows, path))
 
 
 if __name__ == "__main__":

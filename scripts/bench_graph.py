@@ -18,38 +18,23 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-GGUF = {
-    "target": ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf",
-    "draft": ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf",
-}
+import benchkit as kit
+
 CONTEXTS = (64, 512, 2048)
 WIDTHS = tuple(range(1, 10))
 BATCHES = (2, 4, 8)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def bundle(role: str, precision: str, flavour: str) -> Path:
     """flavour: gqa, standard (int4 as MatMulNBits), or standard-qdq (int4 as DequantizeLinear + MatMul)."""
-    out = ROOT / "engines/graphs" / f"{role}-{precision}-{flavour}"
-    if not (out / "manifest.json").exists():
-        log(f"exporting {out.name}")
-        quant = ["--quant", "none", "--lm-head", "fp32"] if precision == "fp32" else ["--quant", "int4"]
-        graph, _, form = flavour.partition("-")
-        form = form or "nbits"
-        cmd = [str(ROOT / ".venv/bin/specrt"), "export", "--model", str(GGUF[role]), "--role", role]
-        cmd += ["--out", str(out), "--graph", graph, *quant, "--no-validate", "--no-profile", "--quiet"]
-        cmd += ["--weights", form]
-        subprocess.run(cmd + ["--overwrite"], check=True)
-    return out
+    quant = ["--quant", "none", "--lm-head", "fp32"] if precision == "fp32" else ["--quant", "int4"]
+    graph, _, form = flavour.partition("-")
+    flags = ["--graph", graph, *quant, "--weights", form or "nbits"]
+    return kit.export_bundle(role, kit.ROOT / "engines/graphs" / f"{role}-{precision}-{flavour}", flags)
 
 
 def forward_ms(session, slots: list[int], context: int, width: int) -> float:
@@ -61,17 +46,9 @@ def forward_ms(session, slots: list[int], context: int, width: int) -> float:
     return 1000 * (time.perf_counter() - t0)
 
 
-def forward_one(session, context: int, width: int) -> float:
-    session.kv.reset()
-    session.kv.advance([0] * context)
-    t0 = time.perf_counter()
-    session.forward([0] * width, keep=1)
-    return 1000 * (time.perf_counter() - t0)
-
-
 def measure(role: str, precision: str, reps: int) -> dict:
-    from specrt.bundle import open_bundle
-    from specrt.session import ModelSession, SessionOptions
+    from specrt.bundle.loading import open_bundle
+    from specrt.runtime.session import ModelSession, SessionOptions
 
     options = SessionOptions(spin_between_runs=False)
     gqa = ModelSession(open_bundle(bundle(role, precision, "gqa")), options)
@@ -83,10 +60,10 @@ def measure(role: str, precision: str, reps: int) -> dict:
     single = {(f, c, w): [] for f, _ in flavours for c, w in points}
     batched = {(b, w): [] for b in (1, *BATCHES) for w in (1, 4)}
     for rep in range(reps + 1):
-        log(f"{role} {precision}: round {rep}/{reps}")
-        for c, w in points if rep % 2 else reversed(points):
-            for name, session in flavours if (rep + w) % 2 else flavours[::-1]:
-                t = forward_one(session, c, w)
+        kit.log(f"{role} {precision}: round {rep}/{reps}")
+        for c, w in kit.interleave(points, rep + 1):
+            for name, session in kit.interleave(flavours, rep + w + 1):
+                t = kit.timed_forward(session, c, w, keep=1)
                 if rep:
                     single[name, c, w].append(t)
         for b, w in batched:
@@ -145,7 +122,7 @@ def report(results: list[dict], command: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "results/graph")
+    parser.add_argument("--out", type=Path, default=kit.ROOT / "results/graph")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--only", nargs="*", default=None, help="role-precision pairs, e.g. target-int4")
     args = parser.parse_args()
@@ -156,11 +133,8 @@ def main() -> int:
     results = {f"{r['role']}-{r['precision']}": r for r in (json.loads(saved.read_text()) if saved.exists() else [])}
     for role, precision in pairs:
         results[f"{role}-{precision}"] = measure(role, precision, args.reps)
-        saved.write_text(json.dumps(list(results.values()), indent=1))
-    command = "python scripts/bench_graph.py " + " ".join(sys.argv[1:])
-    md = report(list(results.values()), command)
-    (args.out / "graph.md").write_text(md)
-    print(md)
+        kit.write_json(saved, list(results.values()))
+    kit.write_outputs(args.out, "graph", report(list(results.values()), kit.command_line()))
     return 0
 
 

@@ -16,6 +16,7 @@ import argparse
 import statistics
 import time
 
+import benchkit as kit
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
@@ -84,7 +85,7 @@ def main() -> None:
     xs = {s: np.random.default_rng(s).normal(0, 1, (1, s, args.k)).astype(np.float32) for s in WIDTHS}
     times = {(f, s): [] for f in formats for s in WIDTHS}
     for r in range(args.rounds):
-        for f in formats if r % 2 == 0 else formats[::-1]:
+        for f in kit.interleave(formats, r):
             for s in WIDTHS:
                 for _ in range(3):
                     t0 = time.perf_counter()

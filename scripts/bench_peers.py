@@ -41,19 +41,16 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-GGUF = {
-    "target": ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf",
-    "draft": ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf",
-}
-HF = {role: ROOT / "models/hf" / path.stem for role, path in GGUF.items()}
+import benchkit as kit
+
+HF = {role: kit.ROOT / "models/hf" / path.stem for role, path in kit.GGUF.items()}
 BUNDLES = {
-    "target-fp32": ROOT / "engines/qwen2.5-coder-1.5b-fp32",
-    "target-int4": ROOT / "engines/qwen2.5-coder-1.5b-int4",
-    "target-native": ROOT / "engines/qwen2.5-coder-1.5b-native",
-    "draft-int4": ROOT / "engines/qwen2.5-coder-0.5b-int4",
+    "target-fp32": kit.ROOT / "engines/qwen2.5-coder-1.5b-fp32",
+    "target-int4": kit.ROOT / "engines/qwen2.5-coder-1.5b-int4",
+    "target-native": kit.ROOT / "engines/qwen2.5-coder-1.5b-native",
+    "draft-int4": kit.ROOT / "engines/qwen2.5-coder-0.5b-int4",
 }
-GENAI = {role: ROOT / "engines/genai" / f"{role}-int4" for role in ("target", "draft")}
+GENAI = {role: kit.ROOT / "engines/genai" / f"{role}-int4" for role in ("target", "draft")}
 # specrt workers: name -> (target precision, drafters, k configurations; None = auto)
 SPECRT = {
     "specrt-fp32": ("fp32", ["model"], [None, 3, 5]),
@@ -77,7 +74,7 @@ def prepare_hf_folders() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    for role, gguf in GGUF.items():
+    for role, gguf in kit.GGUF.items():
         out = HF[role]
         if (out / "config.json").exists():
             continue
@@ -116,10 +113,10 @@ def prepare_genai() -> bool:
             "-e",
             "cpu",
             "-c",
-            str(ROOT / "engines/genai/cache"),
+            str(kit.ROOT / "engines/genai/cache"),
         ]
         subprocess.run(cmd, check=True)
-    spec = ROOT / "engines/genai/spec-int4"
+    spec = kit.ROOT / "engines/genai/spec-int4"
     if not (spec / "genai_config.json").exists():
         import shutil
 
@@ -200,7 +197,7 @@ def worker_genai(prompts: list[dict], n: int, repeats: int, ks: list[int]) -> li
 
     rows = []
     for k in [0, *ks]:
-        model = og.Model(str(GENAI["target"] if k == 0 else ROOT / "engines/genai/spec-int4"))
+        model = og.Model(str(GENAI["target"] if k == 0 else kit.ROOT / "engines/genai/spec-int4"))
 
         def run(ids, k=k, model=model, length=n):
             params = og.GeneratorParams(model)
@@ -230,45 +227,20 @@ def worker_genai(prompts: list[dict], n: int, repeats: int, ks: list[int]) -> li
     return rows
 
 
-def llamacpp_bin() -> Path:
-    """The folder holding llama-server, built once into a cache folder (build_llamacpp.sh skips when built)."""
-    out = subprocess.run(["bash", str(ROOT / "scripts/build_llamacpp.sh")], check=True, capture_output=True, text=True)
-    return Path(out.stdout.strip().splitlines()[-1])
-
-
 def worker_llamacpp(prompts: list[dict], n: int, repeats: int, ks: list[int]) -> list[dict]:
     """llama-server on 127.0.0.1, one configuration at a time: the GGUF target alone, then with the GGUF
     draft (draft-simple, k tokens). Prompts go in as token ids (the same ids every configuration gets);
     greedy (temperature 0), EOS ignored, no prompt cache. Time = the server's own prompt + decode timings,
     so HTTP costs nothing; peak RSS is the server process's."""
-    import socket
-    import urllib.request
-
-    rows, threads = [], str(os.cpu_count() or 1)
+    rows = []
     for k in [0, *ks]:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        cmd = [str(llamacpp_bin() / "llama-server"), "-m", str(GGUF["target"]), "--host", "127.0.0.1"]
-        cmd += ["--port", str(port), "-t", threads, "-np", "1", "-c", "4096", "--no-webui", "--log-disable"]
+        cmd = kit.llama_server_cmd(kit.llamacpp_bin(build=True), 1, k)
         if k:
-            cmd += ["-md", str(GGUF["draft"]), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k)]
-            cmd += ["--spec-draft-n-min", "0", "-td", threads]
-        server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cmd += ["--spec-draft-n-min", "0", "-td", str(os.cpu_count() or 1)]
+        server, url = kit.start_server(cmd, timeout=300, poll=0.5)
         try:
-            deadline = time.time() + 300
-            while True:  # /health answers 503 while loading, 200 when ready
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.time() > deadline or server.poll() is not None:
-                    raise RuntimeError(f"llama-server did not come up: {' '.join(cmd)}")
-                time.sleep(0.5)
 
-            def run(ids, length=n, port=port):
+            def run(ids, length=n, url=url):
                 body = {
                     "prompt": ids,
                     "n_predict": length,
@@ -278,12 +250,7 @@ def worker_llamacpp(prompts: list[dict], n: int, repeats: int, ks: list[int]) ->
                     "return_tokens": True,
                     "seed": 0,
                 }
-                req = urllib.request.Request(
-                    f"http://127.0.0.1:{port}/completion",
-                    json.dumps(body).encode(),
-                    {"Content-Type": "application/json"},
-                )
-                with urllib.request.urlopen(req, timeout=900) as r:
+                with kit.post(f"{url}/completion", body, 900) as r:
                     out = json.loads(r.read())
                 t = out["timings"]
                 return (t["prompt_ms"] + t["predicted_ms"]) / 1000, out
@@ -306,10 +273,10 @@ def worker_llamacpp(prompts: list[dict], n: int, repeats: int, ks: list[int]) ->
                 print(f"llama.cpp k={k} {p['name']}: {rows[-1]['tokens_per_s']:.2f} tok/s", flush=True)
         finally:
             server.terminate()
-            _, _, usage = os.wait4(server.pid, 0)
+            _, peak = kit.wait_child(server)
         for r in rows:
             if r["config"] == ("target-only" if k == 0 else f"k={k}"):
-                r["server_peak_rss_gib"] = usage.ru_maxrss / 2**20
+                r["server_peak_rss_gib"] = peak
     return rows
 
 
@@ -353,12 +320,11 @@ def run_worker(config: str, args, prompts_file: Path) -> dict:
     ]
     print(f"\n=== {config}", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        return {"config": config, "error": f"exit {os.waitstatus_to_exitcode(status)}"}
+    code, peak = kit.wait_child(subprocess.Popen(cmd))
+    if code != 0:
+        return {"config": config, "error": f"exit {code}"}
     data = json.loads(out.read_text())
-    data["peak_rss_gib"] = usage.ru_maxrss / 2**20
+    data["peak_rss_gib"] = peak
     data["wall_s"] = time.perf_counter() - t0
     return data
 
@@ -404,7 +370,7 @@ def prompt_set(path: Path | None) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "results")
+    parser.add_argument("--out", type=Path, default=kit.ROOT / "results")
     parser.add_argument("--prompts", type=Path, default=None, help="JSON lines (see specrt bench)")
     parser.add_argument("--only", nargs="*", choices=CONFIGS, default=None)
     parser.add_argument(
@@ -438,9 +404,7 @@ def main() -> int:
             result["rows"] = worker_llamacpp(prompts, n, args.repeats, LLAMACPP_KS)
         else:
             result["rows"], result["step_ms"] = worker_specrt(prompts, n, args.repeats, args.worker)
-        import resource  # the child's own peak, kept in its raw file (so a later --reuse still has it)
-
-        result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        result["peak_rss_gib"] = kit.peak_rss_gib()  # the child's own, kept in its raw file (so --reuse has it)
         args.raw.parent.mkdir(parents=True, exist_ok=True)
         args.raw.write_text(json.dumps(result))
         return 0
@@ -464,7 +428,7 @@ def main() -> int:
     prompts_file = args.out / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))
     results = [reused(c, args, prompts) if c in args.reuse else run_worker(c, args, prompts_file) for c in configs]
-    command = "python scripts/bench_peers.py " + " ".join(sys.argv[1:])
+    command = kit.command_line()
     write_report(results, prompts, args.out, command, args.max_new_tokens)
     print((args.out / "results.md").read_text())
     return 0

@@ -30,58 +30,39 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import benchkit as kit
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-GGUF = {
-    "target": ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf",
-    "draft": ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf",
-}
-VARIANTS_DIR = ROOT / "engines/variants"
+VARIANTS_DIR = kit.ROOT / "engines/variants"
 CONTEXT = 512
 WIDTHS = {"target": [1, 2, 3, 5, 9], "draft": [1, 2]}
 BASELINE = "int4-b32"
 # name -> export flags (None: derived from another variant by changing the accuracy level only)
-VARIANTS = {
-    "target": {
-        "int4-b32": ["--quant", "int4", "--block-size", "32"],
-        "int4-b64": ["--quant", "int4", "--block-size", "64"],
-        "int4-b128": ["--quant", "int4", "--block-size", "128"],
-        "int4-b256": ["--quant", "int4", "--block-size", "256"],
-        "int4-b32-asym": ["--quant", "int4", "--block-size", "32", "--asymmetric"],
-        "int4-b128-asym": ["--quant", "int4", "--block-size", "128", "--asymmetric"],
-        "int4-b128-head-int8": ["--quant", "int4", "--block-size", "128", "--lm-head", "int8"],
-        "int4-b128-head-fp32": ["--quant", "int4", "--block-size", "128", "--lm-head", "fp32"],
-        "int8-b32": ["--quant", "int8", "--block-size", "32"],
-        "native": ["--quant", "native"],
-        "native-head-fp32": ["--quant", "native", "--lm-head", "fp32"],
-        # the first native form: zero point 0 in every Q4_K block, the whole offset in the correction
-        "native-zp0": None,
-        "int4-b32-acc1": None,
-        "int4-b128-acc1": None,
-        "native-acc1": None,
-    },
-    "draft": {
-        "int4-b32": ["--quant", "int4", "--block-size", "32"],
-        "int4-b64": ["--quant", "int4", "--block-size", "64"],
-        "int4-b128": ["--quant", "int4", "--block-size", "128"],
-        "int4-b256": ["--quant", "int4", "--block-size", "256"],
-        "int4-b128-asym": ["--quant", "int4", "--block-size", "128", "--asymmetric"],
-        "int4-b128-head-int8": ["--quant", "int4", "--block-size", "128", "--lm-head", "int8"],
-        "int8-b32": ["--quant", "int8", "--block-size", "32"],
-        "native": ["--quant", "native"],
-        "int4-b128-acc1": None,
-    },
+TARGET_VARIANTS = {
+    "int4-b32": ["--quant", "int4", "--block-size", "32"],
+    "int4-b64": ["--quant", "int4", "--block-size", "64"],
+    "int4-b128": ["--quant", "int4", "--block-size", "128"],
+    "int4-b256": ["--quant", "int4", "--block-size", "256"],
+    "int4-b32-asym": ["--quant", "int4", "--block-size", "32", "--asymmetric"],
+    "int4-b128-asym": ["--quant", "int4", "--block-size", "128", "--asymmetric"],
+    "int4-b128-head-int8": ["--quant", "int4", "--block-size", "128", "--lm-head", "int8"],
+    "int4-b128-head-fp32": ["--quant", "int4", "--block-size", "128", "--lm-head", "fp32"],
+    "int8-b32": ["--quant", "int8", "--block-size", "32"],
+    "native": ["--quant", "native"],
+    "native-head-fp32": ["--quant", "native", "--lm-head", "fp32"],
+    # the first native form: zero point 0 in every Q4_K block, the whole offset in the correction
+    "native-zp0": None,
+    "int4-b32-acc1": None,
+    "int4-b128-acc1": None,
+    "native-acc1": None,
 }
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+DRAFT_VARIANTS = ("int4-b32", "int4-b64", "int4-b128", "int4-b256", "int4-b128-asym", "int4-b128-head-int8")
+DRAFT_VARIANTS += ("int8-b32", "native", "int4-b128-acc1")  # a subset of the target's, with the same flags
+VARIANTS = {"target": TARGET_VARIANTS, "draft": {name: TARGET_VARIANTS[name] for name in DRAFT_VARIANTS}}
 
 
 # ---------------------------------------------------------------- building the variants (cached)
@@ -89,20 +70,14 @@ def log(msg: str) -> None:
 
 def reference_bundle(role: str) -> Path:
     """The fp32 bundle of the role's GGUF: the fidelity reference (the GGUF's weights, fp32 arithmetic)."""
-    demo = ROOT / "engines/qwen2.5-coder-1.5b-fp32"
+    demo = kit.ROOT / "engines/qwen2.5-coder-1.5b-fp32"
     if role == "target" and (demo / "manifest.json").exists():
         return demo
     return export(role, "fp32", ["--quant", "none", "--lm-head", "fp32"])
 
 
 def export(role: str, name: str, flags: list[str]) -> Path:
-    out = VARIANTS_DIR / f"{role}-{name}"
-    if (out / "manifest.json").exists():
-        return out
-    log(f"exporting {role} {name} ({' '.join(flags)})")
-    cmd = [str(ROOT / ".venv/bin/specrt"), "export", "--model", str(GGUF[role]), "--role", role, "--out", str(out)]
-    subprocess.run(cmd + flags + ["--no-validate", "--no-profile", "--quiet", "--overwrite"], check=True)
-    return out
+    return kit.export_bundle(role, VARIANTS_DIR / f"{role}-{name}", flags, f"{role} {name} ({' '.join(flags)})")
 
 
 def with_accuracy_level(src: Path, dst: Path, level: int) -> Path:
@@ -110,7 +85,7 @@ def with_accuracy_level(src: Path, dst: Path, level: int) -> Path:
     graph attributes changed, manifest updated (its file records included)."""
     import onnx
 
-    from specrt.integrity import record
+    from specrt.bundle.integrity import record
 
     if (dst / "manifest.json").exists():
         return dst
@@ -155,22 +130,13 @@ def build(role: str) -> dict[str, Path]:
 # ---------------------------------------------------------------- measuring
 
 
-def step_ms(session, width: int) -> float:
-    session.kv.reset()
-    session.kv.advance([0] * CONTEXT)
-    t0 = time.perf_counter()
-    session.forward([0] * width, keep=width)
-    return 1000 * (time.perf_counter() - t0)
-
-
 def speed(variant, baseline, widths: list[int], reps: int) -> dict:
     """Median t(S) of the variant and of the baseline, timed alternately (ABBA) in the same window."""
     times = {(who, w): [] for who in ("v", "b") for w in widths}
     for rep in range(reps + 1):
-        order = [("v", variant), ("b", baseline)] if rep % 2 else [("b", baseline), ("v", variant)]
-        for who, session in order:
+        for who, session in kit.interleave([("b", baseline), ("v", variant)], rep):
             for w in widths:
-                t = step_ms(session, w)
+                t = kit.timed_forward(session, CONTEXT, w, keep=w)
                 if rep:  # the first round warms up
                     times[who, w].append(t)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -196,9 +162,9 @@ def reference_texts(role_ref: Path, prompts, n: int) -> list[dict]:
 
 
 def forced_logits(session, ids: list[int], cont: list[int]) -> np.ndarray:
-    session.kv.reset()
+    session.kv.rows[0].reset()
     logits = session.forward(ids + cont[:-1], keep=len(cont)).copy()
-    session.kv.reset()
+    session.kv.rows[0].reset()
     return logits
 
 
@@ -237,34 +203,34 @@ def target_agreement(draft, texts: list[dict]) -> float:
 
 
 def measure_role(role: str, reps: int, texts: list[dict], saved: Path, fresh: bool, speed_only: bool) -> dict:
-    from specrt.api import Engine
-    from specrt.bundle import open_bundle
-    from specrt.session import ModelSession, SessionOptions
+    from specrt.bundle.loading import open_bundle
+    from specrt.engine.api import Engine
+    from specrt.runtime.session import ModelSession, SessionOptions
 
     bundles = build(role)
     options = SessionOptions(spin_between_runs=False)  # as beside a draft model
     ref_path = reference_bundle(role)
     reference = ModelSession(open_bundle(ref_path), options)
     baseline = Engine(bundles[BASELINE], session_options=options)
-    result = {"role": role, "reference": str(ref_path.relative_to(ROOT)), "context": CONTEXT, "rows": {}}
+    result = {"role": role, "reference": str(ref_path.relative_to(kit.ROOT)), "context": CONTEXT, "rows": {}}
     if saved.exists() and not fresh:  # variants measured by an earlier (interrupted) run are kept
         result["rows"] = json.loads(saved.read_text()).get("rows", {})
     rows = result["rows"]
     for name, path in bundles.items():
         if name in rows and speed_only:  # fidelity is deterministic; speed is re-measured on a quiet machine
-            log(f"{role} {name}: speed again")
+            kit.log(f"{role} {name}: speed again")
             engine = baseline if name == BASELINE else Engine(path, session_options=options)
             rows[name].update(speed(engine.target, baseline.target, WIDTHS[role], reps))
             rows[name]["speed_measured"] = time.strftime("%Y-%m-%d %H:%M")
-            saved.write_text(json.dumps(result, indent=1))
+            kit.write_json(saved, result)
             del engine
             continue
         if name in rows:
-            log(f"{role} {name}: measured before, kept")
+            kit.log(f"{role} {name}: measured before, kept")
             continue
-        log(f"{role} {name}: speed and fidelity")
+        kit.log(f"{role} {name}: speed and fidelity")
         engine = baseline if name == BASELINE else Engine(path, session_options=options)
-        row = {"bundle": str(path.relative_to(ROOT)), "size_mib": (path / "model.onnx.data").stat().st_size / 2**20}
+        row = {"bundle": str(path.relative_to(kit.ROOT)), "size_mib": (path / "model.onnx.data").stat().st_size / 2**20}
         row.update(speed(engine.target, baseline.target, WIDTHS[role], reps))
         # Greedy decoding is skipped for accuracy level 1 twins (same weights as their level-4 twin; level-1
         # 8-bit kernels run at a fraction of the speed, so 1,024 greedy steps would take many minutes).
@@ -278,8 +244,10 @@ def measure_role(role: str, reps: int, texts: list[dict], saved: Path, fresh: bo
             row["exact_tensors"] = f"{exact}/{len(m.tensors)}"
         row["measured"] = time.strftime("%Y-%m-%d %H:%M")
         rows[name] = row
-        saved.write_text(json.dumps(result, indent=1))
-        log(f"  t(1) {row['ms'][1]:.1f} ms ({row['vs_baseline'][1]:.2f}x baseline), top-1 {row['top1_agreement']:.3f}")
+        kit.write_json(saved, result)
+        kit.log(
+            f"  t(1) {row['ms'][1]:.1f} ms ({row['vs_baseline'][1]:.2f}x baseline), top-1 {row['top1_agreement']:.3f}"
+        )
         del engine
     return result
 
@@ -312,12 +280,8 @@ def table(result: dict) -> list[str]:
 
 
 def chart(results: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = kit.pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 5))
     for ax, res in zip(np.atleast_1d(axes), results, strict=True):
@@ -329,13 +293,12 @@ def chart(results: list[dict], path: Path) -> None:
         ax.set_ylabel("top-1 agreement with the fp32 bundle (real text)")
         ax.set_title(f"{res['role']}: speed against fidelity (red: the GGUF's own weights)")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    kit.save_figure(fig, path)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "results/quant")
+    parser.add_argument("--out", type=Path, default=kit.ROOT / "results/quant")
     parser.add_argument("--role", choices=["target", "draft", "both"], default="both")
     parser.add_argument("--reps", type=int, default=9, help="timed rounds per variant (alternating with baseline)")
     parser.add_argument("--fresh", action="store_true", help="measure every variant again (default: keep saved rows)")
@@ -347,22 +310,20 @@ def main() -> int:
     if not texts_file.exists():
         from specrt.bench import DEFAULT_PROMPTS
 
-        log("reference continuations from the fp32 target")
+        kit.log("reference continuations from the fp32 target")
         texts_file.write_text(json.dumps(reference_texts(reference_bundle("target"), DEFAULT_PROMPTS, 128)))
     texts = json.loads(texts_file.read_text())
     for role in roles:
         result = measure_role(role, args.reps, texts, args.out / f"{role}.json", args.fresh, args.speed_only)
-        result["command"] = "python scripts/bench_quant.py " + " ".join(sys.argv[1:])
+        result["command"] = kit.command_line()
         result["measured"] = time.strftime("%Y-%m-%d %H:%M")
-        (args.out / f"{role}.json").write_text(json.dumps(result, indent=1))
+        kit.write_json(args.out / f"{role}.json", result)
     results = [json.loads(p.read_text()) for r in ("target", "draft") if (p := args.out / f"{r}.json").exists()]
     md = []
     for res in results:
         md += [f"### {res['role']} (reference {res['reference']}; measured {res['measured']}: `{res['command']}`)", ""]
         md += table(res) + [""]
-    (args.out / "quant.md").write_text("\n".join(md))
-    chart(results, args.out / "quant.png")
-    print("\n".join(md))
+    kit.write_outputs(args.out, "quant", "\n".join(md), chart=lambda path: chart(results, path))
     return 0
 
 

@@ -9,9 +9,9 @@ import platform
 import statistics
 from pathlib import Path
 
-from specrt.bench import divergence
+import benchkit as kit
 
-ROOT = Path(__file__).resolve().parent.parent
+from specrt.decoding.divergence import divergence
 
 
 def _label(family: str, config: str) -> str:
@@ -46,9 +46,9 @@ def _rows(results: list[dict]) -> list[dict]:
 def _fp32_target():
     """specrt's fp32 target session (torch-free), opened once: the reference for divergence margins."""
     import specrt
-    from specrt.session import ModelSession
+    from specrt.runtime.session import ModelSession
 
-    return ModelSession(specrt.open_bundle(ROOT / "engines/qwen2.5-coder-1.5b-fp32"))
+    return ModelSession(specrt.open_bundle(kit.ROOT / "engines/qwen2.5-coder-1.5b-fp32"))
 
 
 def equality_checks(rows: list[dict], prompts: list[dict]) -> list[str]:
@@ -243,12 +243,8 @@ def targets(rows: list[dict], names: list[str]) -> list[str]:
 
 
 def chart(rows: list[dict], labels: list[str], kinds: dict[str, str], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = kit.pyplot()
+    if plt is None:
         return
     groups = sorted(set(kinds.values()))
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.5))
@@ -264,5 +260,4 @@ def chart(rows: list[dict], labels: list[str], kinds: dict[str, str], path: Path
     ax.set_xlabel("tokens/s (median over prompts of the kind)")
     ax.legend()
     ax.set_title(f"Qwen2.5-Coder 1.5B target, 0.5B draft, {os.cpu_count()}-core CPU")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    kit.save_figure(fig, path)

@@ -17,10 +17,11 @@ import statistics
 import time
 from pathlib import Path
 
-from specrt.bundle import open_bundle
-from specrt.session import ModelSession, SessionOptions
+import benchkit as kit
 
-ROOT = Path(__file__).resolve().parent.parent
+from specrt.bundle.loading import open_bundle
+from specrt.runtime.session import ModelSession, SessionOptions
+
 MODES = {
     "spin during runs": SessionOptions(allow_spinning=True, spin_between_runs=False),
     "no spinning": SessionOptions(allow_spinning=False),
@@ -30,8 +31,8 @@ MODES = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", type=Path, default=ROOT / "engines/qwen2.5-coder-1.5b-int4")
-    parser.add_argument("--draft", type=Path, default=ROOT / "engines/qwen2.5-coder-0.5b-int4")
+    parser.add_argument("--target", type=Path, default=kit.ROOT / "engines/qwen2.5-coder-1.5b-int4")
+    parser.add_argument("--draft", type=Path, default=kit.ROOT / "engines/qwen2.5-coder-0.5b-int4")
     parser.add_argument("--blocks", type=int, default=12, help="Interleaved blocks of 6 rounds per mode.")
     parser.add_argument("--context", type=int, default=300, help="Tokens prefilled before timing.")
     args = parser.parse_args()
@@ -50,12 +51,12 @@ def main() -> None:
         times[mode][kind].append(1000 * (time.perf_counter() - t0))
 
     for block in range(args.blocks):
-        for mode in list(MODES) if block % 2 == 0 else list(MODES)[::-1]:
+        for mode in kit.interleave(MODES, block):
             t, d = pairs[mode]
             for _ in range(6):
-                if t.kv.free < 8 or d.kv.free < 8:  # start over rather than overflow the buffers
-                    t.kv.rollback(t.kv.length - len(prompt))
-                    d.kv.rollback(d.kv.length - len(prompt))
+                if t.kv.rows[0].free < 8 or d.kv.rows[0].free < 8:  # start over rather than overflow the buffers
+                    t.kv.rows[0].rollback(t.kv.rows[0].length - len(prompt))
+                    d.kv.rows[0].rollback(d.kv.rows[0].length - len(prompt))
                 t0 = time.perf_counter()
                 timed(mode, "draft 1", d, [5])
                 timed(mode, "draft 1", d, [6])

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import random
 import subprocess
 import sys
@@ -28,22 +27,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+import benchkit as kit
 
 LIMIT_S = 1800.0  # no level runs longer than this
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def prompts(path: Path | None) -> list[str]:
     if path is not None:
         return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
-    from bench_batch import prompt_set
-
-    return [text for text, _, _ in prompt_set(18)]
+    return [text for text, _, _ in kit.mixed_prompts(18)]
 
 
 def loopback(url: str) -> str:
@@ -65,17 +57,12 @@ def one(url: str, model: str, prompt: str, max_tokens: int, seed: int, temperatu
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
     }
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), headers)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     t0 = time.perf_counter()
     stamps, usage = [], None
     try:
-        with urllib.request.urlopen(req, timeout=600) as r:
-            for raw in r:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
+        with kit.post(url + "/v1/completions", body, 600, headers) as r:
+            for data in kit.sse_events(r):
                 if data.get("usage"):
                     usage = data["usage"]
                 if any(c.get("text") for c in data.get("choices", [])):
@@ -94,11 +81,6 @@ def one(url: str, model: str, prompt: str, max_tokens: int, seed: int, temperatu
     }
 
 
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
-
-
 def summarize(results: list[dict], wall: float) -> dict:
     ok = [r for r in results if r["ok"]]
     tokens = sum(r["tokens"] for r in ok)
@@ -113,12 +95,12 @@ def summarize(results: list[dict], wall: float) -> dict:
         "wall_s": wall,
         "requests_per_s": len(ok) / wall,
         "output_tokens_per_s": tokens / wall,
-        "ttft_p50": pct([r["ttft"] for r in ok], 0.5),
-        "ttft_p99": pct([r["ttft"] for r in ok], 0.99),
-        "tpot_p50": pct(tpot, 0.5),
-        "tpot_p99": pct(tpot, 0.99),
-        "itl_p50": pct(itl, 0.5),
-        "itl_p99": pct(itl, 0.99),
+        "ttft_p50": kit.percentile([r["ttft"] for r in ok], 0.5),
+        "ttft_p99": kit.percentile([r["ttft"] for r in ok], 0.99),
+        "tpot_p50": kit.percentile(tpot, 0.5),
+        "tpot_p99": kit.percentile(tpot, 0.99),
+        "itl_p50": kit.percentile(itl, 0.5),
+        "itl_p99": kit.percentile(itl, 0.99),
         "acceptance": (sum(s["accepted_tokens"] for s in spec) / drafted) if drafted else None,
     }
 
@@ -132,48 +114,35 @@ def run_requests(args, concurrency: int, n: int, first: int = 0, rate: float | N
     """Requests first .. first + n - 1 (request i: prompt i and seed + i, so every server sees the same
     ones); their results and the wall time they took."""
     texts = prompts(args.prompts)
-    results, lock = [], threading.Lock()
     rng = random.Random(args.seed + first)
     start = time.perf_counter()
     deadline = start + LIMIT_S
 
-    def request(i: int) -> None:
+    def request(i: int) -> dict | None:
         if time.perf_counter() > deadline:
-            return
-        r = one(
+            return None
+        return one(
             args.url, args.model, texts[i % len(texts)], args.max_tokens, args.seed + i, args.temperature, args.api_key
         )
-        with lock:
-            results.append(r)
 
     if rate is None:
-        counter = iter(range(first, first + n))
+        return kit.run_clients(request, range(first, first + n), concurrency, deadline)
+    results, lock, threads = [], threading.Lock(), []
 
-        def client() -> None:
-            for i in counter:
-                request(i)
+    def arrival(i: int) -> None:
+        r = request(i)
+        if r is not None:
+            with lock:
+                results.append(r)
 
-        threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    else:
-        threads = []
-        for i in range(first, first + n):
-            time.sleep(rng.expovariate(rate))
-            t = threading.Thread(target=request, args=(i,))
-            t.start()
-            threads.append(t)
-    for t in threads:
-        if rate is None:
-            t.start()
+    for i in range(first, first + n):
+        time.sleep(rng.expovariate(rate))
+        t = threading.Thread(target=arrival, args=(i,))
+        t.start()
+        threads.append(t)
     for t in threads:
         t.join(timeout=max(1.0, deadline - time.perf_counter()))
     return results, time.perf_counter() - start
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def soak(args) -> dict:
@@ -182,7 +151,7 @@ def soak(args) -> dict:
 
     def sample() -> None:
         while not stop.is_set():
-            samples.append((time.perf_counter(), rss_mib(args.pid)))
+            samples.append((time.perf_counter(), kit.rss_mib(args.pid)))
             stop.wait(1.0)
 
     sampler = threading.Thread(target=sample)
@@ -223,79 +192,21 @@ def bare_ttft(args, n: int) -> dict:
             ttfts.append((first or time.perf_counter()) - t0)
     del engine, gen
     gc.collect()  # its sessions and KV buffers: the servers measured next want the memory
-    return {"config": "bare engine.generate (auto k)", "concurrency": 1, "ttft_p50": pct(ttfts, 0.5)}
+    return {"config": "bare engine.generate (auto k)", "concurrency": 1, "ttft_p50": kit.percentile(ttfts, 0.5)}
 
 
 # ---------------------------------------------------------------- the suite: specrt against itself and llama-server
 
 
-def start_server(cmd: list[str], url: str, env: dict | None = None) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 600
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            sys.exit(f"server did not come up: {' '.join(cmd)}")
-        time.sleep(1)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def llamacpp_bin() -> str | None:
-    """The folder of the cached llama.cpp build (scripts/build_llamacpp.sh), or None when it is not built."""
-    try:
-        out = subprocess.run(
-            ["bash", str(ROOT / "scripts/build_llamacpp.sh")], check=True, capture_output=True, text=True, timeout=30
-        )
-    except (subprocess.SubprocessError, OSError):
-        return None
-    return out.stdout.strip().splitlines()[-1]
-
-
-def llama_servers(args, bin_dir: str | None, concurrency: int) -> list[tuple[str, list[str]]]:
+def llama_servers(args, bin_dir: Path | None, concurrency: int) -> list[tuple[str, list[str]]]:
     """llama-server with -np c slots on the GGUF pair, plain and with its draft (none when not built)."""
     if bin_dir is None:
         return []
-    gguf = [
-        str(ROOT / "models/qwen2.5-coder-1.5b-instruct.gguf"),
-        str(ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf"),
+    c, alias = concurrency, ["--alias", args.model]
+    return [
+        (f"llama-server -np {c}", kit.llama_server_cmd(bin_dir, c, extra=alias)),
+        (f"llama-server -np {c} + draft k=5", kit.llama_server_cmd(bin_dir, c, 5, extra=alias)),
     ]
-    c = concurrency
-    base = [
-        f"{bin_dir}/llama-server",
-        "-m",
-        gguf[0],
-        "-t",
-        str(os.cpu_count() or 1),
-        "-np",
-        str(c),
-        "-c",
-        str(4096 * c),
-    ]
-    base += ["--no-webui", "--log-disable", "--alias", args.model]
-    draft = [*base, "-md", gguf[1], "--spec-type", "draft-simple", "--spec-draft-n-max", "5"]
-    return [(f"llama-server -np {c}", base), (f"llama-server -np {c} + draft k=5", draft)]
 
 
 def suite(args) -> list[dict]:
@@ -308,24 +219,25 @@ def suite(args) -> list[dict]:
     levels = args.concurrency
     if 1 in levels:
         bare = bare_ttft(args, max(2, args.requests))
-        log(f"bare engine.generate: ttft p50 {bare['ttft_p50']:.3f} s")
+        kit.log(f"bare engine.generate: ttft p50 {bare['ttft_p50']:.3f} s")
         rows.append(bare)
-    specrt = [str(ROOT / ".venv/bin/specrt"), "serve", "--target", args.target, "--max-batch", str(max(levels))]
+    specrt = [str(kit.SPECRT_CLI), "serve", "--target", args.target, "--max-batch", str(max(levels))]
     specrt += [*(["--draft", args.draft] if args.draft else []), "--model-name", args.model, "--max-queue", "1000"]
     fixed = [("specrt auto k", [*specrt, "-k", "auto"]), ("specrt k=0", [*specrt, "-k", "0"])]
     fixed.append((f"specrt k={args.fixed_k}", [*specrt, "-k", str(args.fixed_k)]))
-    bin_dir = llamacpp_bin()
+    bin_dir = kit.llamacpp_bin()
     if bin_dir is None:
-        log("llama.cpp is not built (bash scripts/build_llamacpp.sh): no llama-server rows")
+        kit.log("llama.cpp is not built (bash scripts/build_llamacpp.sh): no llama-server rows")
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
 
     def launch(name: str, cmd: list[str]) -> None:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        servers[name] = (start_server([*cmd, "--host", "127.0.0.1", "--port", str(port)], url), url)
-        args.url = url
+        try:
+            servers[name] = kit.start_server(cmd)
+        except RuntimeError as e:
+            sys.exit(str(e))
+        args.url = servers[name][1]
         run_level(args, 1, 2)  # warm-up
-        log(f"started {name}")
+        kit.log(f"started {name}")
 
     try:
         for name, cmd in fixed:
@@ -340,7 +252,7 @@ def suite(args) -> list[dict]:
             done: dict[str, tuple[list, float]] = {name: ([], 0.0) for name in names}
             first = 0
             for rnd, part in enumerate(p for p in parts if p):
-                for name in names if rnd % 2 == 0 else names[::-1]:
+                for name in kit.interleave(names, rnd):
                     args.url = servers[name][1]
                     results, wall = run_requests(args, c, part, first)
                     done[name] = (done[name][0] + results, done[name][1] + wall)
@@ -348,15 +260,15 @@ def suite(args) -> list[dict]:
             for name in names:
                 row = summarize(*done[name])
                 rows.append({"config": name, "concurrency": c} | row)
-                log(
+                kit.log(
                     f"{name}, concurrency {c}: {row['output_tokens_per_s']:.1f} tok/s, ttft p50 "
                     f"{row['ttft_p50']:.2f} s, failures {row['failures']}"
                 )
             for name, _ in per_level:
-                stop_server(servers.pop(name)[0])
+                kit.stop_server(servers.pop(name)[0])
     finally:
         for proc, _ in servers.values():
-            stop_server(proc)
+            kit.stop_server(proc)
     return rows
 
 
@@ -418,12 +330,8 @@ def comparisons(rows: list[dict]) -> list[str]:
 
 
 def chart(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = kit.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 5))
 
@@ -436,13 +344,8 @@ def chart(rows: list[dict], path: Path) -> None:
             curves.setdefault(family(r["config"]), []).append((r["concurrency"], r["output_tokens_per_s"]))
     for name, pts in curves.items():
         ax.plot(*zip(*sorted(pts), strict=True), marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrent requests")
-    ax.set_ylabel("output tokens/s")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    kit.concurrency_axes(ax, "output tokens/s", 8)
+    kit.save_figure(fig, path)
 
 
 def main() -> int:
@@ -459,14 +362,14 @@ def main() -> int:
     parser.add_argument("--rates", nargs="*", type=float, default=[0.5, 1.0, 2.0])
     parser.add_argument("--requests", type=int, default=16, help="per level (sweep/poisson/suite), or the soak's total")
     parser.add_argument("--pid", type=int, default=None, help="soak: the server's process id (RSS sampling)")
-    parser.add_argument("--target", default=str(ROOT / "engines/qwen2.5-coder-1.5b-int4"))
-    parser.add_argument("--draft", default=str(ROOT / "engines/qwen2.5-coder-0.5b-int4"))
+    parser.add_argument("--target", default=str(kit.ROOT / "engines/qwen2.5-coder-1.5b-int4"))
+    parser.add_argument("--draft", default=str(kit.ROOT / "engines/qwen2.5-coder-0.5b-int4"))
     parser.add_argument("--fixed-k", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2, help="suite: parts of each level the servers alternate on")
-    parser.add_argument("--out", type=Path, default=ROOT / "results/serve")
+    parser.add_argument("--out", type=Path, default=kit.ROOT / "results/serve")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python scripts/load_test.py " + " ".join(sys.argv[1:])
+    command = kit.command_line()
     if args.mode == "suite":
         rows = suite(args)
     else:
@@ -482,11 +385,8 @@ def main() -> int:
             if args.pid is None:
                 sys.exit("soak needs --pid (the server's process id)")
             rows = [{"config": f"soak {args.requests} requests", "concurrency": args.concurrency[0]} | soak(args)]
-    (args.out / f"{args.mode}.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
     md = report(rows, command)
-    (args.out / f"{args.mode}.md").write_text(md)
-    chart(rows, args.out / f"{args.mode}.png")
-    print(md)
+    kit.write_outputs(args.out, args.mode, md, {"command": command, "rows": rows}, lambda path: chart(rows, path))
     return 0
 
 
