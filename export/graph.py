@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..manifest import Architecture, GraphSpec, Quantization
+from ..bundle.manifest import Architecture, GraphSpec, Quantization
 from .archs import ArchSpec
 from .attention import MS_DOMAIN, OPSETS, flavour
 from .native import Blocks, NBits, describe, layout_key, to_nbits

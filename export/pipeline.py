@@ -11,15 +11,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..bundle.integrity import record
+from ..bundle.manifest import MANIFEST_FILE, PROFILE_DIR, ROLES, Architecture, Manifest, Quantization, Source
+from ..bundle.tokenizer import TOKENIZER_FILE
 from ..errors import ExportError, UnsupportedModelError
-from ..integrity import record
-from ..manifest import MANIFEST_FILE, ROLES, Architecture, Manifest, Quantization, Source
-from ..profile import PROFILE_DIR
-from ..tokenizer import TOKENIZER_FILE
 from .archs import ArchSpec, lookup
 from .attention import FLAVOURS
 from .progress import Progress
-from .source import Checkpoint, open_checkpoint
+from .source import Checkpoint, HFCheckpoint
 
 QUANT_METHODS = {"none": None, "int8": 8, "int4": 4, "native": None}
 LM_HEAD_FORMATS = ("quantized", "int8", "int4", "fp32")
@@ -197,7 +196,7 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
     import torch
     import transformers
 
-    from .. import __version__
+    from ..version import __version__
     from .graph import build_graph
     from .validate import validate
 
@@ -260,3 +259,16 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
         (out / MANIFEST_FILE).unlink(missing_ok=True)
         raise
     return manifest
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    p = Path(path)
+    if not p.exists():
+        raise ExportError(f"model path {p} does not exist")
+    if p.is_file():
+        if p.suffix == ".gguf":
+            from .gguf import GGUFCheckpoint
+
+            return GGUFCheckpoint(p)
+        raise ExportError(f"{p} is a file; pass a Hugging Face model folder (config.json + weights) or .gguf")
+    return HFCheckpoint(p)

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ..bundle.manifest import TokenizerSpec
+from ..bundle.tokenizer import TOKENIZER_FILE, tokenizer_hash
 from ..errors import ExportError
-from ..manifest import TokenizerSpec
-from ..tokenizer import TOKENIZER_FILE, tokenizer_hash
 from .progress import Progress
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -185,19 +185,6 @@ class HFCheckpoint(Checkpoint):
     def extra_eos_ids(self, tok: Any) -> list[Any]:
         gen = self.path / "generation_config.json"
         return [json.loads(gen.read_text()).get("eos_token_id")] if gen.is_file() else []
-
-
-def open_checkpoint(path: str | Path) -> Checkpoint:
-    p = Path(path)
-    if not p.exists():
-        raise ExportError(f"model path {p} does not exist")
-    if p.is_file():
-        if p.suffix == ".gguf":
-            from .gguf import GGUFCheckpoint
-
-            return GGUFCheckpoint(p)
-        raise ExportError(f"{p} is a file; pass a Hugging Face model folder (config.json + weights) or .gguf")
-    return HFCheckpoint(p)
 
 
 def first_line(e: BaseException) -> str:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle import Bundle
+from ..bundle.loading import Bundle
+from ..bundle.manifest import Manifest, Validation, ValidationStep
+from ..bundle.tokenizer import TOKENIZER_FILE
 from ..errors import ValidationError
-from ..manifest import Manifest, Validation, ValidationStep
-from ..session import ModelSession, SessionOptions
-from ..tokenizer import TOKENIZER_FILE
+from ..runtime.session import ModelSession, SessionOptions
 from .progress import Progress
 from .source import Checkpoint
 
@@ -80,7 +80,7 @@ def validate(ckpt: Checkpoint, out_dir: Path, manifest: Manifest, gated: bool, p
     runs: list[tuple[str, int, list[int], np.ndarray]] = []  # (label, past, sequence so far, logits)
     for name, n in validation_plan(manifest.max_seq_len):
         if name == "rollback":
-            session.kv.rollback(n)
+            session.kv.rows[0].rollback(n)
             del seq[-n:]
             continue
         past = len(seq)

@@ -4,8 +4,10 @@ The runtime imports only onnxruntime, numpy, tokenizers, jinja2 and click. The e
 `specrt.export` and needs the `[export]` extra.
 """
 
-from .api import Engine, load
-from .bundle import Bundle, open_bundle
+from .bundle.loading import Bundle, open_bundle
+from .bundle.manifest import SCHEMA_VERSION, Manifest
+from .engine.api import Engine, load
+from .engine.generate import Generation
 from .errors import (
     BundleError,
     EngineBusyError,
@@ -18,13 +20,10 @@ from .errors import (
     UnsupportedModelError,
     ValidationError,
 )
-from .generate import Generation
-from .manifest import SCHEMA_VERSION, Manifest
 from .options import GenerationOptions
-from .session import SessionOptions
+from .runtime.session import SessionOptions
 from .stats import Stats
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -17,75 +17,15 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
-import numpy as np
-
-from .api import Engine
+from .decoding.divergence import NEAR_TIE, divergence
+from .engine.api import Engine
 from .errors import OptionsError
 from .options import GenerationOptions
-from .session import ModelSession
-
-
-@dataclass(frozen=True)
-class Prompt:
-    name: str
-    text: str
-    chat: bool = False
-    kind: str = "code"  # code | prose | chat: groups rows in summaries
-
-
-DEFAULT_PROMPTS = (
-    Prompt("code-complete-sort", 'def merge_sort(items):\n    """Sort a list with merge sort."""\n'),
-    Prompt("code-complete-class", "class LRUCache:\n    def __init__(self, capacity: int):\n"),
-    Prompt(
-        "code-edit",
-        "Add type hints to this function. Reply with the updated code only, no explanation.\n\n"
-        "def area(shape, a, b=None):\n    if shape == 'circle':\n        return 3.14159 * a * a\n"
-        "    if shape == 'rect':\n        return a * b\n    if shape == 'square':\n        return a * a\n"
-        "    raise ValueError(shape)\n",
-        chat=True,
-    ),
-    Prompt(
-        "docstring",
-        'def moving_average(values, window):\n    """',
-    ),
-    Prompt("prose-story", "Once upon a time, in a small village by the sea, there lived", kind="prose"),
-    Prompt("prose-explain", "The main causes of inflation in modern economies are", kind="prose"),
-    Prompt(
-        "chat-code",
-        "Write a Python function that checks whether a string is a palindrome.",
-        chat=True,
-        kind="chat",
-    ),
-    Prompt("chat-explain", "Explain what a hash table is and when to use one.", chat=True, kind="chat"),
-)
-
-
-def load_prompts(path: str | Path) -> list[Prompt]:
-    """A JSON-lines file: {"name": ..., "prompt": ..., "chat": false, "kind": "code"} per line."""
-    prompts = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-            prompts.append(
-                Prompt(
-                    d.get("name", f"prompt-{n}"),
-                    d["prompt"],
-                    bool(d.get("chat", False)),
-                    d.get("kind", "code"),
-                )
-            )
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise OptionsError(f'{path}:{n}: expected a JSON object with a "prompt" field ({e})') from None
-    if not prompts:
-        raise OptionsError(f"{path}: no prompts")
-    return prompts
+from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts  # noqa: F401 (the benchmark's prompt set)
+from .tuning.measure import step_times
 
 
 @dataclass
@@ -160,44 +100,6 @@ def _eq(r: Row) -> str:
     return f"no (pos {d.get('position')}, margin {d.get('top2_margin', float('nan')):.3g})"
 
 
-def step_time_ms(session: ModelSession, context: list[int], widths: Sequence[int], reps: int = 7) -> dict[int, float]:
-    """Median wall time of one forward of S new tokens after `context`, for each S (cache restored each time)."""
-    session.kv.reset()
-    session.forward(context, keep=1)
-    base = session.kv.length
-    out = {}
-    for s in widths:
-        if base + s > session.max_len:
-            continue
-        ids = (context * (s // max(len(context), 1) + 1))[:s]
-        times = []
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            session.forward(ids, keep=s)
-            times.append(time.perf_counter() - t0)
-            session.kv.truncate(base)
-        out[s] = 1000 * statistics.median(times[1:])
-    session.kv.reset()
-    return out
-
-
-# A greedy divergence at a top-2 logit margin below this is a near-tie that quantized (MatMulNBits accuracy
-# level 4) targets round differently in 1-token and verify passes (measured: up to ~0.2 apart); above it,
-# speculative and target-only outputs must agree.
-NEAR_TIE = 0.25
-
-
-def divergence(session: ModelSession, prompt_ids: list[int], a: list[int], b: list[int]) -> dict:
-    """First position where two greedy outputs differ, and the top-2 logit margin there of `session` (the
-    target) after prompt + the common prefix. Its cache is left empty."""
-    pos = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    session.kv.reset()
-    logits = session.forward(prompt_ids + a[:pos], keep=1)[-1]
-    top2 = np.sort(logits)[-2:]
-    session.kv.reset()
-    return {"position": pos, "top2_margin": float(top2[1] - top2[0])}
-
-
 def run_bench(
     engine: Engine,
     prompts: Sequence[Prompt],
@@ -225,9 +127,9 @@ def run_bench(
     widest = max([max_draft_tokens if k is None else k for k in configs]) + 1
     for prompt in prompts:
         ids = engine.encode(prompt.text, chat=prompt.chat)
-        steps = {"target": step_time_ms(engine.target, ids, list(range(1, widest + 1)))}
+        steps = {"target": step_times(engine.target, ids, list(range(1, widest + 1)))}
         if engine.draft is not None:
-            steps["draft"] = step_time_ms(engine.draft, ids, [1])
+            steps["draft"] = step_times(engine.draft, ids, [1])
         result.step_ms[prompt.name] = steps
         options = {
             k: GenerationOptions(
@@ -309,3 +211,28 @@ def _predict(row: Row, stats, steps: dict, base: Row) -> None:
     row.predicted_speedup = row.tokens_per_pass / (cost / rounds)
     # Prefill is the same in both runs; compare decode throughput with the decode-only prediction.
     row.efficiency = (row.decode_tokens_per_s / base.decode_tokens_per_s) / row.predicted_speedup
+
+
+def compare_with_target_only(engine: Engine, text, options: GenerationOptions, gen, **prompt) -> str:
+    """`specrt generate --compare`: time target-only decoding and the same speculative generation again, and
+    say how the outputs compare (greedy: a difference is located and its target top-2 margin measured).
+
+    Both timed runs come after `gen`: the first run of a fresh engine is slower (weights paged in, buffers
+    sized; measured 0.69x for identical work, k = 0 in every round), so timing it against a warm target-only
+    run would charge that to speculation. Each starts from an empty cache."""
+    engine.reset()
+    base = engine.complete(text, replace(options, num_draft_tokens=0), **prompt)
+    engine.reset()
+    again = engine.complete(text, options, **prompt)
+    fast, slow = (g.stats.new_tokens / g.stats.total_s for g in (again, base))
+    if gen.token_ids == base.token_ids:
+        same = "identical"
+    elif not options.greedy:
+        same = "different (as they may be when sampling)"
+    else:  # greedy: only a near-tie of the target may part them (quantized 1-token vs verify rounding)
+        ids = engine.encode(text, prompt.get("chat", False), prompt.get("system"))
+        d = divergence(engine.target, ids, base.token_ids, gen.token_ids)
+        tie = "a near-tie" if d["top2_margin"] < NEAR_TIE else "NOT a near-tie: a bug, please report it"
+        same = f"different from token {d['position']} on, where the target's top-2 logits differ by "
+        same += f"{d['top2_margin']:.3f} ({tie})"
+    return f"speculative {fast:.2f} tok/s vs target-only {slow:.2f} tok/s: {fast / slow:.2f}x speedup; outputs {same}"

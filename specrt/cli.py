@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from . import __version__
-from .errors import BundleError, OptionsError, PromptError, SpecrtError
+from .errors import BundleError, OptionsError, SpecrtError
+from .version import __version__
 
 PathType = click.Path(path_type=Path)
 
@@ -71,7 +70,7 @@ def engine_options(f):
 
 
 def _load(kw: dict, max_batch: int = 1):
-    from .api import load
+    from .engine.api import load
 
     drafts = kw.pop("drafts")
     paths = [d for d in drafts if d != "ngram"]
@@ -154,7 +153,9 @@ def export(model, out, quiet, profile, **kw):
     if profile:  # before the summary, so that it lists the profile
         _profile_bundle(out, progress.log)
     click.echo(f"bundle written to {out}")
-    click.echo(_describe(out, manifest))
+    from .bundle.describe import describe
+
+    click.echo(describe(out, manifest))
 
 
 @cli.command()
@@ -196,6 +197,7 @@ def export(model, out, quiet, profile, **kw):
 def generate(prompt, prompt_file, prompt_encoding, chat, system, stream, stats, compare, as_json, **kw):
     """Generate text with a target bundle, speculatively when a draft is given."""
     from .options import GenerationOptions
+    from .prompts import read_prompt_file
 
     if (prompt is None) == (prompt_file is None):
         raise click.UsageError("give exactly one of --prompt or --prompt-file")
@@ -217,54 +219,9 @@ def generate(prompt, prompt_file, prompt_encoding, chat, system, stream, stats, 
     if stats:
         click.echo(gen.stats.summary(), err=True)
     if compare:
-        # Both timed runs come after the generation above: the first run of a fresh engine is slower (weights
-        # paged in, buffers sized; measured 0.69x for identical work, k = 0 in every round), so timing it
-        # against a warm target-only run would charge that to speculation. Each starts from an empty cache.
-        engine.reset()
-        base = engine.complete(text, replace(options, num_draft_tokens=0), chat=chat, system=system)
-        engine.reset()
-        again = engine.complete(text, options, chat=chat, system=system)
-        fast, slow = (g.stats.new_tokens / g.stats.total_s for g in (again, base))
-        if gen.token_ids == base.token_ids:
-            same = "identical"
-        elif not options.greedy:
-            same = "different (as they may be when sampling)"
-        else:  # greedy: only a near-tie of the target may part them (quantized 1-token vs verify rounding)
-            from .bench import NEAR_TIE, divergence
+        from .bench import compare_with_target_only
 
-            ids = engine.encode(text, chat, system)
-            d = divergence(engine.target, ids, base.token_ids, gen.token_ids)
-            tie = "a near-tie" if d["top2_margin"] < NEAR_TIE else "NOT a near-tie: a bug, please report it"
-            same = f"different from token {d['position']} on, where the target's top-2 logits differ by "
-            same += f"{d['top2_margin']:.3f} ({tie})"
-        click.echo(
-            f"speculative {fast:.2f} tok/s vs target-only {slow:.2f} tok/s: {fast / slow:.2f}x speedup; outputs {same}",
-            err=True,
-        )
-
-
-def read_prompt_file(path: Path, encoding: str) -> str:
-    """The prompt file's text; undecodable bytes are an error naming the file and the byte offset."""
-    import codecs
-
-    try:
-        codecs.lookup(encoding)
-    except LookupError:
-        raise OptionsError(
-            f"--prompt-encoding {encoding!r} is not a known text encoding; try utf-8 or latin-1"
-        ) from None
-    name = "standard input" if str(path) == "-" else str(path)
-    try:
-        data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
-    except OSError as e:
-        raise OptionsError(f"--prompt-file {name}: cannot read it ({e.strerror or e}); check the path") from None
-    try:
-        return data.decode(encoding)
-    except UnicodeDecodeError as e:
-        raise PromptError(
-            f"--prompt-file {name} is not valid {encoding}: byte 0x{data[e.start]:02x} at offset {e.start} "
-            f"({e.reason}); convert the file, or name its encoding with --prompt-encoding (e.g. latin-1)"
-        ) from None
+        click.echo(compare_with_target_only(engine, text, options, gen, chat=chat, system=system), err=True)
 
 
 @cli.command()
@@ -331,15 +288,15 @@ def bench(prompts_file, ks, max_new_tokens, repeats, warmup, temperature, seed, 
 def serve(host, port, max_batch, max_queue, api_key, model_name, max_tokens, temperature, top_p, top_k, **kw):
     """An OpenAI-compatible HTTP server (needs: pip install 'specrt[serve]')."""
     try:
-        from .server import ServeConfig
-        from .server import serve as run
+        from .serve.server import ServeConfig
+        from .serve.server import serve as run
     except ImportError as e:
         raise OptionsError(
             f"specrt serve needs the [serve] extra ({e.name} is missing): pip install 'specrt[serve]'"
         ) from None
-    from .bundle import open_bundle
+    from .bundle.loading import open_bundle
     from .options import GenerationOptions
-    from .protocol import Defaults
+    from .serve.protocol import Defaults
 
     k, drain = kw.pop("num_draft_tokens"), kw.pop("drain_seconds")
     # The defaults are checked now, not at the first request.
@@ -371,23 +328,22 @@ def profile(bundle, threads, spinning, reps):
 
 
 def _profile_bundle(bundle: Path, log, threads: int = 0, spinning: bool = True, reps: int = 3) -> None:
-    from .bundle import open_bundle
-    from .profile import measure
-    from .session import ModelSession, SessionOptions
+    from .bundle.loading import open_bundle
+    from .runtime.session import ModelSession, SessionOptions
+    from .tuning.measure import measure, save_profile
 
     log(f"profiling {bundle} (step time for 1..16 new tokens at several context lengths) ...")
     options = SessionOptions(intra_op_threads=threads, allow_spinning=spinning, spin_between_runs=False)
     session = ModelSession(open_bundle(bundle), options)
     prof = measure(session, reps=reps)
-    where = prof.save(bundle)
+    where = save_profile(bundle, prof)
     click.echo(f"cost profile ({prof.settings}), ms per forward; columns: new tokens S")
     click.echo("context " + "".join(f"{w:>8}" for w in prof.widths))
     for c, row in zip(prof.contexts, prof.ms, strict=True):
         click.echo(f"{c:>7} " + "".join(f"{v:8.1f}" for v in row))
-    click.echo(
-        f"t(S)/t(1) at context {prof.contexts[0]}: "
-        + " ".join(f"{w}:{prof.ratio(w, prof.contexts[0]):.2f}" for w in (2, 3, 5, 9, 16) if w in prof.widths)
-    )
+    c = prof.contexts[0]
+    ratios = " ".join(f"{w}:{prof(w, c) / prof(1, c):.2f}" for w in (2, 3, 5, 9, 16) if w in prof.widths)
+    click.echo(f"t(S)/t(1) at context {c}: {ratios}")
     click.echo(f"saved to {where}" if where else "bundle folder is read-only: profile not saved")
 
 
@@ -396,10 +352,11 @@ def _profile_bundle(bundle: Path, log, threads: int = 0, spinning: bool = True, 
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
 def inspect(bundle, as_json):
     """Show a bundle's manifest in readable form (file sizes and the small files' hashes are checked)."""
-    from .bundle import open_bundle
+    from .bundle.describe import describe
+    from .bundle.loading import open_bundle
 
     b = open_bundle(bundle)
-    click.echo(json.dumps(b.manifest.to_dict(), indent=2) if as_json else _describe(b.path, b.manifest))
+    click.echo(json.dumps(b.manifest.to_dict(), indent=2) if as_json else describe(b.path, b.manifest))
 
 
 @cli.command()
@@ -408,8 +365,9 @@ def verify(bundle):
     """Check every file of a bundle against its manifest: sizes and SHA-256, weights included."""
     import time
 
-    from .bundle import read_manifest
-    from .integrity import check_files
+    from .bundle.describe import human_size
+    from .bundle.integrity import check_files
+    from .bundle.loading import read_manifest
 
     folder, manifest = read_manifest(bundle)  # in range, every name inside the folder
     t0 = time.perf_counter()
@@ -419,7 +377,7 @@ def verify(bundle):
     for c in checks:
         status = "ok" if c.ok else ("MISSING" if c.found_size is None else "MISMATCH")
         click.echo(
-            f"{c.record.name:<{width}}  {c.record.kind:<13} {_size(c.record.size):>10}  "
+            f"{c.record.name:<{width}}  {c.record.kind:<13} {human_size(c.record.size):>10}  "
             f"sha256 {c.record.sha256[:16]}  {status}  ({c.seconds:.2f} s)"
         )
     bad = [c for c in checks if not c.ok]
@@ -429,58 +387,6 @@ def verify(bundle):
     if bad:
         more = f" ({len(bad) - 1} more files differ)" if len(bad) > 1 else ""
         raise BundleError(bad[0].problem(folder) + more)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def _describe(path: Path, m) -> str:
-    a, q = m.architecture, m.quantization
-    size = sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
-    if q.method == "none":
-        quant = "none"
-    elif q.method == "native":
-        exact = sum("NOT exact" not in v for v in q.tensors.values())
-        quant = (
-            f"native (the GGUF's own blocks, MatMulNBits accuracy level {q.accuracy_level}; {exact} of "
-            f"{len(q.tensors)} weights exact, see inspect --json)"
-        )
-    else:
-        head = f"int{q.lm_head_bits}" if q.lm_head_bits else ("quantized" if q.lm_head else "fp32")
-        quant = (
-            f"{q.method} (MatMulNBits, block {q.block_size}, {'symmetric' if q.symmetric else 'asymmetric'}, "
-            f"accuracy level {q.accuracy_level}, LM head {head})"
-        )
-    lines = [
-        f"bundle        {path}  ({size / 2**20:.1f} MiB)",
-        f"name / role   {m.name} / {m.role}   (schema {m.schema_version}, created {m.created})",
-        f"architecture  {a.model_type}: {a.num_layers} layers, hidden {a.hidden_size}, heads {a.num_heads}/"
-        f"{a.num_kv_heads} kv, head_dim {a.head_dim}, vocab {a.vocab_size}",
-        f"max_seq_len   {m.max_seq_len}   dtype {m.dtype}   quantization {quant}",
-        f"graph         {m.graph.flavour} ({m.graph.attention}, opset {m.graph.opset})",
-        f"tokenizer     {m.tokenizer.sha256[:16]}  eos {m.tokenizer.eos_token_ids}  "
-        f"chat template {'yes' if m.tokenizer.chat_template else 'no'}",
-        f"source        {m.source.path} ({m.source.format}, sha256 {m.source.weights_sha256[:16]})",
-        "versions      " + ", ".join(f"{k} {v}" for k, v in m.versions.items()),
-    ]
-    v = m.validation
-    if v is None:
-        lines.append("validation    not run (exported with --no-validate)")
-    else:
-        gate = f"relative tolerance {v.tolerance:g}, passed" if v.tolerance is not None else "not gated (quantized)"
-        lines.append(
-            f"validation    vs {v.reference}: max |diff| {v.max_abs_diff:.3g}, "
-            f"top-1 agreement {v.top1_agreement:.3f} ({gate})"
-        )
-        for s in v.steps:
-            lines.append(f"  {s.name:<16} max |diff| {s.max_abs_diff:.3g}  top-1 {s.top1_agreement:.2f}")
-    profiles = sorted((Path(path) / "profiles").glob("*.json")) if (Path(path) / "profiles").is_dir() else []
-    lines.append(f"cost profiles {len(profiles)} ({', '.join(p.stem for p in profiles) or 'none: run specrt profile'})")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -176,7 +176,8 @@ def test_k_for_the_batch_does_not_flap():
     """Near the break-even point, the batch's ceiling holds unless a move promises a clear gain. On the same
     wobbling estimates, a chooser without that margin (like a table keyed by batch size, or a bare argmax)
     flips from round to round."""
-    from specrt.batchcost import BatchCost, BatchProfile
+    from specrt.tuning.batchcost import BatchCost
+    from specrt.tuning.profile import BatchProfile
 
     # Verify cost grows with rows x width (compute-bound batching); draft steps are cheap.
     widths, batches = list(range(1, 10)), [1, 2, 4, 8]
@@ -190,7 +191,7 @@ def test_k_for_the_batch_does_not_flap():
         for _ in range(200):
             alpha = 0.433 + 0.02 * rng.standard_normal()
             expected = [lambda k, a=alpha: sum(a**i for i in range(k + 1))] * 4
-            cost.choose([3] * 4, expected, [False] * 4, [True] * 4)
+            cost.observe(cost.choose([3] * 4, expected, [False] * 4, [True] * 4))  # a query, then the round
         return cost.history
 
     def switches(history: list[int]) -> int:
@@ -200,8 +201,9 @@ def test_k_for_the_batch_does_not_flap():
     assert switches(run(0.05)) <= 2  # ... the ceiling with a margin does not
     # And it moves when the evidence is clear: speculation off for a full batch of poor acceptance, on for
     # one row of excellent acceptance.
-    assert BatchCost(target, draft).choose([4] * 8, [lambda k: 1 + 0.3 * k] * 8, [False] * 8, [True] * 8) == [0] * 8
-    assert BatchCost(target, draft).choose([4], [lambda k: 1 + 0.95 * k], [False], [True]) == [4]
+    poor = BatchCost(target, draft).choose([4] * 8, [lambda k: 1 + 0.3 * k] * 8, [False] * 8, [True] * 8)
+    assert poor.ks == [0] * 8
+    assert BatchCost(target, draft).choose([4], [lambda k: 1 + 0.95 * k], [False], [True]).ks == [4]
 
 
 def test_batch_cost_reads_t_at_the_batchs_longest_row():
@@ -209,7 +211,8 @@ def test_batch_cost_reads_t_at_the_batchs_longest_row():
     plain step of a full batch is cheap at short contexts (speculation does not pay) and dear at long ones
     (it does). The profiles at two contexts are interpolated and extrapolated linearly, never below the
     shortest context's time."""
-    from specrt.batchcost import BatchCost, BatchProfile, BatchProfiles
+    from specrt.tuning.batchcost import BatchCost
+    from specrt.tuning.profile import BatchProfile, BatchProfiles
 
     widths, batches = list(range(1, 10)), [1, 2, 4, 8]
 
@@ -225,10 +228,10 @@ def test_batch_cost_reads_t_at_the_batchs_longest_row():
     assert target(8, 2, 10) == target(8, 2, 64)  # no cheaper than the shortest measured context
     expected = [lambda k: sum(0.6**i for i in range(k + 1))] * 8
     args = ([4] * 8, expected, [False] * 8, [True] * 8)
-    assert BatchCost(target, draft).choose(*args, context=64) == [0] * 8
-    assert min(BatchCost(target, draft).choose(*args, context=2048)) >= 1
+    assert BatchCost(target, draft).choose(*args, context=64).ks == [0] * 8
+    assert min(BatchCost(target, draft).choose(*args, context=2048).ks) >= 1
     # Read at 512 tokens only (the single profile of before), the short batch would draft.
-    assert min(BatchCost(target.profiles[1], draft.profiles[1]).choose(*args, context=64)) >= 1
+    assert min(BatchCost(target.profiles[1], draft.profiles[1]).choose(*args, context=64).ks) >= 1
 
 
 def test_a_batch_profile_of_the_old_form_is_measured_again(zoo, tmp_path):
@@ -237,10 +240,11 @@ def test_a_batch_profile_of_the_old_form_is_measured_again(zoo, tmp_path):
     import json
     import shutil
 
-    from specrt.batchcost import CONTEXTS, REPS
-    from specrt.bundle import open_bundle
-    from specrt.profile import batch_profile_for
-    from specrt.session import ModelSession
+    from specrt.bundle.loading import open_bundle
+    from specrt.runtime.session import ModelSession
+    from specrt.tuning.measure import BATCH_CONTEXTS as CONTEXTS
+    from specrt.tuning.measure import BATCH_REPS as REPS
+    from specrt.tuning.measure import batch_profile_for
 
     bundle = shutil.copytree(zoo.target(), tmp_path / "t", ignore=shutil.ignore_patterns("profiles"))
     session = ModelSession(open_bundle(bundle), rows=2)

@@ -6,10 +6,13 @@ import json
 
 import pytest
 
-from specrt.costmodel import AcceptanceEstimate, CostModel, StepCost
-from specrt.drafters import NgramDrafter
-from specrt.profile import CostProfile, load_profile, machine_signature, measure
-from specrt.session import ModelSession, SessionOptions
+from specrt.decoding.drafters import NgramDrafter
+from specrt.runtime.session import ModelSession, SessionOptions
+from specrt.tuning.acceptance import AcceptanceEstimate
+from specrt.tuning.costmodel import MODEL, NGRAM, Choice, CostModel, Outcome, Policy, RequestCosts, Tuning
+from specrt.tuning.measure import load_profile, machine_signature, measure, profile_path, save_profile
+from specrt.tuning.profile import CostProfile
+from specrt.tuning.stepcost import DRAFT, TARGET, StepCosts
 
 
 def flat_profile(ms_per_width: dict[int, float]) -> CostProfile:
@@ -19,11 +22,31 @@ def flat_profile(ms_per_width: dict[int, float]) -> CostProfile:
     )
 
 
-def model_with(target: dict[int, float], draft_ms: float | None, alpha: float) -> CostModel:
+def model_with(
+    target: dict[int, float], draft_ms: float | None, alpha: float, policy: Policy | None = None
+) -> CostModel:
+    # plain_every off by default: these tests are about other decisions (the plain check has its own test)
+    policy = policy if policy is not None else Policy(plain_every=None)
     acceptance = AcceptanceEstimate(prior=alpha, prior_weight=1e9)  # pinned: no learning in these tests
-    draft = StepCost(flat_profile({1: draft_ms, 2: draft_ms})) if draft_ms is not None else None
-    # plain_every off: these tests are about other decisions (the plain-step check has its own test)
-    return CostModel(StepCost(flat_profile(target)), draft, acceptance, plain_every=None)
+    draft = flat_profile({1: draft_ms, 2: draft_ms}) if draft_ms is not None else None
+    steps = StepCosts(flat_profile(target), draft)
+    return CostModel(steps, MODEL if draft_ms is not None else NGRAM, acceptance, policy=policy)
+
+
+def learn(m: CostModel, k, accepted, context, draft_ms, target_ms, confidences=(), choice=None, alone=True) -> None:
+    """What the scheduler does after a round that drafted k tokens: one observe of the request's costs."""
+    outcome = Outcome(m.drafter if k else None, k, accepted, context, alone, target_ms, draft_ms, tuple(confidences))
+    choice = choice if choice is not None else Choice(k, "pays" if k else "idle")
+    RequestCosts(Tuning(steps=m.steps), {m.drafter: m}).observe({m.drafter: choice}, outcome)
+
+
+def play(m: CostModel, k_cap, context, behind=1, remaining=None, accept=None, draft_ms=None, target_ms=None) -> int:
+    """One round as the scheduler runs it: choose (a query), then observe. accept(k): drafts accepted (None:
+    the round teaches no acceptance); target_ms(k): the target pass's time (None: not timed)."""
+    c = m.choose(k_cap, context, behind, remaining)
+    k = c.k if accept is not None else 0
+    learn(m, k, accept(k) if k else 0, context, draft_ms, target_ms(k) if target_ms else 0.0, choice=c)
+    return c.k
 
 
 def test_expected_tokens_matches_leviathan():
@@ -36,22 +59,22 @@ def test_cheap_verify_and_high_acceptance_picks_a_large_k():
     # fp32-like target: verify nearly flat in S; draft 10% of a target step.
     target = {s: 200 * (1 + 0.02 * (s - 1)) for s in range(1, 10)}
     m = model_with(target, 20, alpha=0.9)
-    assert m.choose(8, 100) >= 5
-    assert m.tokens_per_ms(m.choose(8, 100), 100) > 2 * m.tokens_per_ms(0, 100)
+    assert m.choose(8, 100).k >= 5
+    assert m.tokens_per_ms(m.choose(8, 100).k, 100) > 2 * m.tokens_per_ms(0, 100)
 
 
 def test_expensive_verify_turns_speculation_off():
     # int4-like target: a 5-token verify costs 2.5 steps; mediocre acceptance; a draft that is not cheap.
     target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
-    assert model_with(target, 20, alpha=0.6).choose(8, 100) == 0
+    assert model_with(target, 20, alpha=0.6).choose(8, 100).k == 0
     # ... while the same target with a near-perfect, free drafter (n-gram) still speculates.
-    assert model_with(target, None, alpha=0.97).choose(8, 100) > 0
+    assert model_with(target, None, alpha=0.97).choose(8, 100).k > 0
 
 
 def test_choice_is_the_argmax_of_expected_rate():
     target = {s: 100 + 15 * (s - 1) for s in range(1, 10)}
     m = model_with(target, 10, alpha=0.75)
-    k = m.choose(8, 100)
+    k = m.choose(8, 100).k
     rates = [m.acceptance.expected_tokens(j) / (j * 10 + target[j + 1]) for j in range(9)]
     assert k == max(range(9), key=rates.__getitem__)
 
@@ -77,7 +100,7 @@ def test_a_position_no_longer_drafted_to_is_not_stuck_with_old_evidence():
     m.acceptance.prior_weight = 2.0  # learnable
     m.acceptance.update(5, 4)  # round 1: four accepted, the fifth rejected
     for _ in range(25):
-        k = m.choose(5, 100)
+        k = m.choose(5, 100).k
         m.acceptance.update(k, k)  # then the code prompt accepts everything drafted
     assert k == 5 and m.acceptance.rate(4) > 0.85
     # A position never tested starts from its neighbour's estimate, not from the fixed prior.
@@ -88,10 +111,10 @@ def test_a_position_no_longer_drafted_to_is_not_stuck_with_old_evidence():
 
 
 def test_step_cost_rescales_to_live_timings():
-    cost = StepCost(flat_profile({1: 100, 2: 120}))
+    cost = StepCosts(flat_profile({1: 100, 2: 120}))
     for _ in range(40):
-        cost.observe(2, 64, 240.0)  # this process runs twice as slow as the profile
-    assert cost.ms(1, 64) == pytest.approx(200, rel=0.02)
+        cost.observe(TARGET, 2, 64, 240.0)  # this process runs twice as slow as the profile
+    assert cost.ms(TARGET, 1, 64) == pytest.approx(200, rel=0.02)
 
 
 def test_ngram_lookup():
@@ -116,8 +139,8 @@ def test_profile_round_trip_and_machine_key(zoo, tmp_path):
     prof = measure(session, widths=[1, 2, 4], contexts=[16, 64], reps=1)
     assert prof.machine == machine_signature(session.options) and prof.settings == "t0-nospin"
     assert len(prof.ms) == 2 and all(len(r) == 3 and min(r) > 0 for r in prof.ms)
-    path = prof.save(bundle)
-    assert path.parent.name == "profiles" and session.kv.length == 0
+    path = save_profile(bundle, prof)
+    assert path.parent.name == "profiles" and session.kv.rows[0].length == 0
     again = load_profile(bundle, SessionOptions(allow_spinning=False))
     assert again == prof
     # Other settings on the same machine fall back to this profile; another machine has none.
@@ -142,10 +165,10 @@ def test_probes_now_and_then_while_speculation_does_not_pay():
     target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
     m = model_with(target, 20, alpha=0.6)
     m.acceptance.prior_weight = 2.0  # learnable again
-    picks = [m.choose(4, 100) for _ in range(8)]
+    timing = {"accept": lambda k: 0, "draft_ms": 20.0, "target_ms": lambda k: target[k + 1]}  # probes fail
+    picks = [play(m, 4, 100, **timing) for _ in range(8)]
     assert picks[:7] == [0] * 7 and picks[7] > 0  # the 8th idle round drafts optimistically
-    m.observe(picks[7], 0, 100, 20.0, target[picks[7] + 1])  # the probe fails
-    picks = [m.choose(4, 100) for _ in range(16)]
+    picks = [play(m, 4, 100, **timing) for _ in range(16)]
     assert picks[:15] == [0] * 15 and picks[15] > 0  # backed off to 16 rounds
 
 
@@ -155,11 +178,10 @@ def test_full_acceptance_and_backoff_reset():
     # A certain acceptance is a valid probe assumption: E(k) = k + 1, no 0/0.
     assert m.tokens_per_ms(3, 100, acceptance=1.0) == pytest.approx(4 / (3 * 20 + target[4]))
     m.acceptance.prior_weight = 2.0
-    picks = [m.choose(4, 100) for _ in range(8)]
-    m.observe(picks[7], 0, 100, 20.0, target[picks[7] + 1])  # a failed probe doubles the wait
-    assert m._backoff == 16
+    picks = [play(m, 4, 100, accept=lambda k: 0, draft_ms=20.0, target_ms=lambda k: target[k + 1]) for _ in range(8)]
+    assert picks[7] > 0 and m.backoff == 16  # a failed probe doubles the wait
     m.acceptance = AcceptanceEstimate(prior=0.99, prior_weight=1e9)  # then speculation pays on its own
-    assert m.choose(4, 100) > 0 and m._backoff == 8  # ... so the next dry spell is probed soon again
+    assert play(m, 4, 100) > 0 and m.backoff == 8  # ... so the next dry spell is probed soon again
 
 
 def test_profile_keeps_contexts_past_the_buffer(zoo):
@@ -174,13 +196,11 @@ def test_a_misjudged_draft_cost_is_corrected_by_probes():
     # as a draft step): speculation looks unprofitable, but probes re-measure the draft and turn it back on.
     target = {s: 65 * (1 + 0.17 * (s - 1)) for s in range(1, 10)}
     m = model_with(target, 20, alpha=0.95)
-    m.draft.ratios["plain"] = 4.0
-    assert m.choose(4, 100) == 0
+    m.steps.ratios[DRAFT, "plain"] = 4.0
+    assert m.choose(4, 100).k == 0
     for _ in range(200):
-        k = m.choose(4, 100)
-        if k:
-            m.observe(k, k, 100, 20.0, target[k + 1])
-    assert m.draft.ms(1, 100) == pytest.approx(20.0, rel=0.05) and m.choose(4, 100) > 0
+        play(m, 4, 100, accept=lambda k: k, draft_ms=20.0, target_ms=lambda k: target[k + 1])
+    assert m.steps.ms(DRAFT, 1, 100) == pytest.approx(20.0, rel=0.05) and m.choose(4, 100).k > 0
 
 
 def test_probes_still_happen_when_the_draft_must_catch_up_first():
@@ -188,33 +208,35 @@ def test_probes_still_happen_when_the_draft_must_catch_up_first():
     # (10 tokens): a probe cannot pay on paper (the paper says the draft is slow), yet must happen while its
     # catch-up is a small share of the plain decoding time left, or the misjudgement is never corrected.
     target = {s: 65 * (1 + 0.17 * (s - 1)) for s in range(1, 10)}
-    m = model_with(target, 20, alpha=0.95)
-    m.draft = StepCost(flat_profile({1: 20, 16: 60}))
-    m.__post_init__()
-    m.draft.ratios["plain"] = 3.0
-    drafted = []
-    for _ in range(3):  # prompts
-        m.start_generation()
-        behind = 10
-        for i in range(250):
-            k = m.choose(4, 100 + i, behind=behind, remaining=250 - i)
-            behind = 1 if k else behind + 1
-            if k:
-                m.observe(k, k, 100 + i, 20.0, target[k + 1])
-            drafted.append(k)
-    assert m.draft.ms(1, 100) == pytest.approx(20.0, rel=0.1)
+    steps = StepCosts(flat_profile(target), flat_profile({1: 20, 16: 60}))
+    steps.ratios[DRAFT, "plain"] = 3.0
+    tuning = Tuning(steps=steps, policy=Policy(plain_every=None))
+    tuning.priors[MODEL] = AcceptanceEstimate(prior=0.95, prior_weight=1e9)  # pinned
+
+    def prompt(length: int, behind: int, step: int = 1) -> list[int]:
+        """One request from the engine's tuning (a new prompt: its own probing schedule), run round by round."""
+        costs = tuning.for_request([MODEL])
+        m, ks = costs.models[MODEL], []
+        for i in range(length):
+            k = play(m, 4, 100 + i, behind, length - i, lambda k: k, 20.0, lambda k: target[k + 1])
+            behind = 1 if k else behind + step
+            ks.append(k)
+        costs.retire()
+        return ks
+
+    drafted = [k for _ in range(3) for k in prompt(250, 10)]  # three prompts
+    assert steps.ms(DRAFT, 1, 100) == pytest.approx(20.0, rel=0.1)
     assert sum(k > 0 for k in drafted[-250:]) > 200  # the last prompt drafts nearly throughout
-    m.draft.ratios["plain"] = 3.0
-    m.start_generation()
-    late = [m.choose(4, 100, behind=200 + i, remaining=120 - i) for i in range(100)]
+    steps.ratios[DRAFT, "plain"] = 3.0
+    late = prompt(120, 200)[:100]  # behind 200 + i, remaining 120 - i
     assert late == [0] * 100  # a 200-token catch-up is more than 2% of 120 plain steps: no probe
 
 
 def _runner_request(zoo, prompt, options=None):
     """A runner over the tiny target (as target and as draft) and a request holding slot 0."""
     from specrt import GenerationOptions, open_bundle
-    from specrt.request import Request
-    from specrt.runner import Runner
+    from specrt.engine.request import Request
+    from specrt.engine.runner import Runner
 
     target, draft = (ModelSession(open_bundle(zoo.target()), SessionOptions(allow_spinning=False)) for _ in range(2))
     r = Request(prompt, options or GenerationOptions(), set(), target.max_len)
@@ -244,13 +266,13 @@ def test_slow_verify_passes_do_not_make_plain_steps_look_slow():
     # at the live verify price; one shared scale would have inflated t(1) as well and kept drafting.
     target = {s: 65 * (1 + 0.17 * (s - 1)) for s in range(1, 10)}
     m = model_with(target, 27, alpha=0.9)
-    assert m.choose(1, 100) == 1
+    assert m.choose(1, 100).k == 1
     for _ in range(30):
-        m.target.observe(1, 100, target[1])
-        m.target.observe(2, 100, 1.3 * target[2])
-    assert m.target.ms(1, 100) == pytest.approx(target[1], rel=0.01)
-    assert m.target.ms(2, 100) == pytest.approx(1.3 * target[2], rel=0.02)
-    assert m.choose(1, 100) == 0
+        m.steps.observe(TARGET, 1, 100, target[1])
+        m.steps.observe(TARGET, 2, 100, 1.3 * target[2])
+    assert m.steps.ms(TARGET, 1, 100) == pytest.approx(target[1], rel=0.01)
+    assert m.steps.ms(TARGET, 2, 100) == pytest.approx(1.3 * target[2], rel=0.02)
+    assert m.choose(1, 100).k == 0
 
 
 def test_a_faster_machine_speeds_up_every_estimate():
@@ -261,23 +283,23 @@ def test_a_faster_machine_speeds_up_every_estimate():
     target = {s: 65 * (1 + 0.17 * (s - 1)) for s in range(1, 10)}
     m = model_with(target, 27, alpha=0.95)
     for _ in range(10):
-        m.target.observe(1, 100, target[1])
-        m.observe(1, 1, 100, 27, target[2])
+        m.steps.observe(TARGET, 1, 100, target[1])
+        learn(m, 1, 1, 100, 27, target[2])
     for _ in range(60):
-        m.target.observe(1, 100, 0.68 * target[1])
-    assert m.target.ms(1, 100) == pytest.approx(0.68 * target[1], rel=0.02)
-    assert m.target.ms(2, 100) == pytest.approx(0.68 * target[2], rel=0.05)
-    assert m.draft.ms(1, 100) == pytest.approx(0.68 * 27, rel=0.05)
-    assert m.choose(1, 100, behind=70, remaining=120) == 1
+        m.steps.observe(TARGET, 1, 100, 0.68 * target[1])
+    assert m.steps.ms(TARGET, 1, 100) == pytest.approx(0.68 * target[1], rel=0.02)
+    assert m.steps.ms(TARGET, 2, 100) == pytest.approx(0.68 * target[2], rel=0.05)
+    assert m.steps.ms(DRAFT, 1, 100) == pytest.approx(0.68 * 27, rel=0.05)
+    assert m.choose(1, 100, behind=70, remaining=120).k == 1
 
 
 def test_a_kind_not_yet_seen_borrows_the_other_scale():
-    cost = StepCost(flat_profile({1: 100, 2: 120}))
+    cost = StepCosts(flat_profile({1: 100, 2: 120}))
     for _ in range(40):
-        cost.observe(1, 64, 150.0)  # only plain steps so far, all 1.5x the profile
-    assert cost.ms(2, 64) == pytest.approx(180, rel=0.02)  # the wide pass is assumed as slow
-    cost.observe(2, 64, 120.0)  # ... until one is seen: it starts from there and moves toward its own
-    assert cost.ms(1, 64) == pytest.approx(150, rel=0.02) and cost.ms(2, 64) < 180
+        cost.observe(TARGET, 1, 64, 150.0)  # only plain steps so far, all 1.5x the profile
+    assert cost.ms(TARGET, 2, 64) == pytest.approx(180, rel=0.02)  # the wide pass is assumed as slow
+    cost.observe(TARGET, 2, 64, 120.0)  # ... until one is seen: it starts from there and moves toward its own
+    assert cost.ms(TARGET, 1, 64) == pytest.approx(150, rel=0.02) and cost.ms(TARGET, 2, 64) < 180
 
 
 def test_catching_up_is_weighed_against_the_tokens_left():
@@ -285,20 +307,20 @@ def test_catching_up_is_weighed_against_the_tokens_left():
     # must first prefill them (~300 / 16 chunks of 60 ms = 1.1 s): worth it for 128 more tokens, not for 4.
     target = {s: 200 * (1 + 0.02 * (s - 1)) for s in range(1, 17)}
     m = model_with(target, 20, alpha=0.9)
-    m.draft = StepCost(flat_profile({1: 20, 16: 60}))
-    assert m.choose(8, 400, behind=300, remaining=128) > 0
-    assert m.choose(3, 400, behind=300, remaining=4) == 0
-    assert m.choose(3, 400, behind=1, remaining=4) > 0  # a draft that kept up has nothing to pay
-    assert m.choose(3, 400, behind=300, remaining=None) > 0  # unknown length: not weighed
+    m.steps.profiles[DRAFT] = flat_profile({1: 20, 16: 60})
+    assert m.choose(8, 400, behind=300, remaining=128).k > 0
+    assert m.choose(3, 400, behind=300, remaining=4).k == 0
+    assert m.choose(3, 400, behind=1, remaining=4).k > 0  # a draft that kept up has nothing to pay
+    assert m.choose(3, 400, behind=300, remaining=None).k > 0  # unknown length: not weighed
 
 
 def test_late_probes_are_skipped_when_the_catch_up_cannot_pay_back():
     target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
     m = model_with(target, 20, alpha=0.6)
-    m.draft = StepCost(flat_profile({1: 20, 16: 100}))
-    early = [m.choose(4, 100, behind=10, remaining=120) for _ in range(8)]
+    m.steps.profiles[DRAFT] = flat_profile({1: 20, 16: 100})
+    early = [play(m, 4, 100, behind=10, remaining=120) for _ in range(8)]
     assert early[:7] == [0] * 7 and early[7] > 0  # a probe early on: 10 tokens to catch up, 120 to gain on
-    late = [m.choose(4, 100, behind=100, remaining=5) for _ in range(20)]
+    late = [play(m, 4, 100, behind=100, remaining=5) for _ in range(20)]
     assert late == [0] * 20  # 100 tokens behind with 5 to go: a probe could never pay for itself
 
 
@@ -306,26 +328,25 @@ def test_speculation_must_beat_plain_decoding_by_a_margin():
     target = {1: 100.0, 2: 100.0}
     for alpha, expected in ((0.02, 0), (0.1, 1)):  # k = 1 promises 1 + alpha tokens per 100 ms + 0 draft
         m = model_with(target, None, alpha=alpha)  # a free drafter
-        assert m.choose(1, 100) == expected
+        assert m.choose(1, 100).k == expected
 
 
 @pytest.mark.parametrize("ngram_alpha, model_alpha, expected", [(0.3, 0.95, "model"), (0.95, 0.3, "ngram")])
 def test_auto_k_lets_the_drafter_that_promises_more_draft(zoo, ngram_alpha, model_alpha, expected):
     # Both drafters have something to offer; the n-gram lookup is free and tried first, but a weak n-gram
     # match must not displace a strong draft model (and a strong one wins over a weak model).
-    from specrt.scheduler import Scheduler
+    from specrt.engine.scheduler import Scheduler
 
     tokens = [5, 6, 7, 8, 5, 6, 7]  # the n-gram lookup proposes 8 5 6 7
     runner, r = _runner_request(zoo, tokens)
-    target_cost = StepCost(flat_profile({s: 100.0 for s in range(1, 10)}))
-    r.costs = {
-        "ngram": CostModel(target_cost, None, AcceptanceEstimate(prior=ngram_alpha, prior_weight=1e9)),
-        "model": CostModel(
-            target_cost,
-            StepCost(flat_profile({1: 5.0, 16: 20.0})),
-            AcceptanceEstimate(prior=model_alpha, prior_weight=1e9),
-        ),
-    }
+    steps = StepCosts(flat_profile({s: 100.0 for s in range(1, 10)}), flat_profile({1: 5.0, 16: 20.0}))
+    r.costs = RequestCosts(
+        Tuning(steps=steps),
+        {
+            NGRAM: CostModel(steps, NGRAM, AcceptanceEstimate(prior=ngram_alpha, prior_weight=1e9)),
+            MODEL: CostModel(steps, MODEL, AcceptanceEstimate(prior=model_alpha, prior_weight=1e9)),
+        },
+    )
     r.drafters = [NgramDrafter(), runner.draft]
     runner.target.forward(tokens[:-1], keep=1)
     plan = Scheduler(runner, 1)._plan(r)
@@ -335,28 +356,30 @@ def test_auto_k_lets_the_drafter_that_promises_more_draft(zoo, ngram_alpha, mode
 def test_a_quick_profile_is_saved_apart_and_reused(zoo, tmp_path):
     import shutil
 
-    from specrt.profile import profile_for
+    from specrt.tuning.measure import profile_for
 
     bundle = shutil.copytree(zoo.target(), tmp_path / "q", ignore=shutil.ignore_patterns("profiles"))
     session = ModelSession(__import__("specrt").open_bundle(bundle), SessionOptions(allow_spinning=False))
     quick = profile_for(session, 3, 20)
-    assert [p.name for p in (bundle / "profiles").iterdir()] == [quick.path(bundle).name]
-    assert quick.path(bundle).stem.endswith("-quick") and quick.widths == [1, 2, 3]
+    assert [p.name for p in (bundle / "profiles").iterdir()] == [profile_path(bundle, quick).name]
+    assert profile_path(bundle, quick).stem.endswith("-quick") and quick.widths == [1, 2, 3]
     assert profile_for(session, 2, 20) == quick  # read back, not measured again
     full = measure(session, widths=[1, 2, 3, 4], contexts=[16], reps=1)
-    full.save(bundle)
+    save_profile(bundle, full)
     assert profile_for(session, 3, 20) == full  # a full profile of the same settings wins
 
 
 def test_a_new_prompt_outweighs_the_last_one_within_a_few_rounds():
     target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
-    m = model_with(target, 20, alpha=0.7)
-    m.acceptance.prior_weight = 2.0
+    tuning = Tuning(steps=StepCosts(flat_profile(target), flat_profile({1: 20, 2: 20})))
+    first = tuning.for_request([MODEL])
+    m = first.models[MODEL]
     for _ in range(60):  # a code prompt: everything accepted
         m.acceptance.update(4, 4)
-    m._backoff = 256  # ... and a prose prompt after it whose probes all failed
-    m.start_generation()
-    assert m._backoff == 8 and m._idle == 0  # the next prompt is probed on the usual schedule
+    m.backoff, m.idle = 256, 5  # ... and a prose prompt after it whose probes all failed
+    first.retire()
+    m = tuning.for_request([MODEL]).models[MODEL]
+    assert m.backoff == 8 and m.idle == 0  # the next prompt is probed on the usual schedule
     assert m.acceptance.rate(0) > 0.85  # what was learned stays as a prior ...
     for _ in range(4):
         m.acceptance.update(1, 0)
@@ -369,12 +392,12 @@ def test_a_probe_drafts_the_fewest_tokens_that_could_pay():
     target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
     m = model_with(target, None, alpha=0.05)
     assert m.tokens_per_ms(8, 100, 0.95) > m.tokens_per_ms(1, 100, 0.95)
-    picks = [m.choose(8, 100) for _ in range(8)]
+    picks = [play(m, 8, 100) for _ in range(8)]
     assert picks == [0] * 7 + [1]
 
 
 def test_confidence_calibration_learns_per_bucket():
-    from specrt.costmodel import ConfidenceCalibration
+    from specrt.tuning.acceptance import ConfidenceCalibration
 
     cal = ConfidenceCalibration()
     assert cal.rate(0.5) == pytest.approx(0.5) and cal.rate(0.97) == pytest.approx(0.97)  # bucket middles at first
@@ -391,7 +414,7 @@ def test_an_unsure_draft_token_ends_the_round():
     # likely be wasted and the round is verified as it is.
     target = {s: 200 * (1 + 0.02 * (s - 1)) for s in range(1, 10)}
     m = model_with(target, 18, alpha=0.8)
-    assert m.choose(5, 100) == 5
+    assert m.choose(5, 100).k == 5
     assert m.keep_drafting([0.99], 5, 100) and m.keep_drafting([0.99, 0.97, 0.99], 5, 100)
     assert not m.keep_drafting([0.99, 0.1], 5, 100)
     assert not m.keep_drafting([0.99] * 5, 5, 100)  # k reached
@@ -404,7 +427,7 @@ def test_rounds_observed_teach_the_calibration_up_to_the_first_rejection():
     m = model_with({1: 100, 2: 100, 3: 100, 4: 100}, 10, alpha=0.8)
     before = m.calibration.rate(0.3)
     for _ in range(50):  # drafts 0 (0.95 sure) accepted, 1 (0.3 sure) rejected, 2 never tested
-        m.observe(3, 1, 100, 10.0, 100.0, [0.95, 0.3, 0.5])
+        learn(m, 3, 1, 100, 10.0, 100.0, [0.95, 0.3, 0.5])
     assert m.calibration.rate(0.3) < 0.1 < before and m.calibration.rate(0.96) > 0.98
     assert m.calibration.rate(0.5) == pytest.approx(0.5)
 
@@ -419,7 +442,7 @@ def test_model_drafter_stops_when_told_and_reports_its_confidence(zoo):
     assert len(p.tokens) == 2 and seen == [p.confidences[:1], p.confidences]
     # The confidence is the draft's probability of its token: recompute it from a fresh forward.
     session = runner.target
-    session.kv.reset()
+    session.kv.rows[0].reset()
     logits = session.forward(prompt, keep=1)[-1].astype(np.float64)
     q = np.exp(logits - logits.max())
     assert p.confidences[0] == pytest.approx(q.max() / q.sum(), rel=1e-5)
@@ -433,29 +456,20 @@ def test_plain_decoding_is_timed_before_betting_against_it():
     # and a 2-token verify 87 ms (1.6x), a draft step 33 ms. Drafting from the first round prices plain steps
     # from verify passes only; one plain round must be timed, and then k = 1 at 97% is seen to lose.
     target = {1: 65.4, 2: 76.4, 3: 108.7}
-    m = model_with(target, 20, alpha=0.97)
-    m.plain_every = 32
-    ks = []
-    for _ in range(40):
-        k = m.choose(2, 100)
-        ks.append(k)
-        if k:
-            m.observe(k, k, 100, 33.0, 87.0 if k == 1 else 120.0)
-        else:
-            m.target.observe(1, 100, 54.0)
+    m = model_with(target, 20, alpha=0.97, policy=Policy(plain_every=32))
+    live = {0: 54.0, 1: 87.0, 2: 120.0}  # the target's pass in the loop, by k
+    ks = [play(m, 2, 100, accept=lambda k: k, draft_ms=33.0, target_ms=live.__getitem__) for _ in range(40)]
     assert 0 in ks[:3]  # once drafting promises < 30% with no plain step seen, one is timed
     assert sum(k > 0 for k in ks[-30:]) <= 4, ks  # after that, only probes draft (1 round in 9)
     # A 3x bet (fp32-like: verify nearly free, cheap draft) does not wait for a plain step.
-    fp32 = model_with({s: 200 * (1 + 0.02 * (s - 1)) for s in range(1, 10)}, 18, alpha=0.9)
-    fp32.plain_every = 32
-    assert fp32.choose(5, 100) == 5
+    fp32 = model_with({s: 200 * (1 + 0.02 * (s - 1)) for s in range(1, 10)}, 18, 0.9, Policy(plain_every=32))
+    assert fp32.choose(5, 100).k == 5
 
 
 def test_a_row_in_a_batch_does_not_stop_drafting_to_time_a_plain_step():
     # In a batched round a plain step is not timed (the pass prices the batch), so a row in a batch must not
     # keep choosing k = 0 to time one: found in the batch benchmark, where no plain step was ever timed at
     # batch 1 and rows with a modest gain at T = 0.7 drafted nothing in 188 of 520 row-rounds.
-    m = model_with({1: 50.0, 2: 52.0, 3: 54.0}, 10, alpha=0.5)  # k = 1: 21% over plain
-    m.plain_every = 32
-    assert m.choose(2, 100, timed=True) == 0  # alone: time a plain step first
-    assert m.choose(2, 100, timed=False) > 0  # in a batch: draft on the evidence
+    m = model_with({1: 50.0, 2: 52.0, 3: 54.0}, 10, 0.5, Policy(plain_every=32))  # k = 1: 21% over plain
+    assert m.choose(2, 100, alone=True).k == 0  # alone: time a plain step first
+    assert m.choose(2, 100, alone=False).k > 0  # in a batch: draft on the evidence

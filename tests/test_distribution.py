@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 import specrt
-from specrt import GenerationOptions, speculative
-from specrt.sampling import warp
+from specrt import GenerationOptions
+from specrt.decoding import speculative
+from specrt.decoding.sampling import warp
 
 VOCAB = 8
 PROMPT = [3, 5, 4, 6, 7]
@@ -44,21 +45,21 @@ def exact_distribution(engine, options) -> np.ndarray:
     session = engine.target
     warp_row = lambda logits: warp(logits[-1:], options.temperature, options.top_k, options.top_p)[0]  # noqa: E731
     probs = np.zeros((VOCAB,) * NEW)
-    session.kv.reset()
+    session.kv.rows[0].reset()
     p1 = warp_row(session.forward(PROMPT, keep=1))
-    base = session.kv.length
+    base = session.kv.rows[0].length
     for prefix in itertools.product(range(VOCAB), repeat=NEW - 1):
         mass = p1[prefix[0]]
         for i in range(1, NEW - 1):  # P(t_{i+1} | t_1..t_i)
             if mass == 0:
                 break
-            session.kv.truncate(base)
+            session.kv.rows[0].truncate(base)
             mass *= warp_row(session.forward(list(prefix[:i]), keep=1))[prefix[i]]
         if mass == 0:
             continue
-        session.kv.truncate(base)
+        session.kv.rows[0].truncate(base)
         probs[prefix] = mass * warp_row(session.forward(list(prefix), keep=1))
-    session.kv.reset()
+    session.kv.rows[0].reset()
     return probs
 
 
@@ -141,37 +142,33 @@ def test_broken_acceptance_rule_is_caught(engine, monkeypatch, mutation):
 
 @pytest.fixture(scope="module")
 def lookup_engines(zoo, engine):
-    from specrt.costmodel import AcceptanceEstimate, ConfidenceCalibration, CostModel, StepCost
-    from specrt.profile import CostProfile
+    from specrt.tuning.acceptance import AcceptanceEstimate, ConfidenceCalibration
+    from specrt.tuning.costmodel import Policy, Tuning
+    from specrt.tuning.profile import CostProfile
+    from specrt.tuning.stepcost import StepCosts
 
     target, draft = engine.target.bundle.path, engine.draft.bundle.path
-    auto = specrt.load(target, draft)
     # The toy draft costs as much as the toy target, so measured costs would (rightly) turn speculation
-    # off; pretend drafting is cheap (costs frozen: decay 1, no plain-step timing) so that auto k really
-    # varies k from round to round.
+    # off; pretend drafting is cheap (costs frozen: learn=False, no plain-step timing) so that auto k really
+    # varies k from round to round. The engine's tuning is its public seam for that.
     flat = CostProfile({}, "", [1], [1, 2, 3], [[10.0, 10.5, 11.0]])
     cheap = CostProfile({}, "", [1], [1, 2], [[1.0, 1.0]])
-    auto._costs = {"model": CostModel(StepCost(flat, decay=1.0), StepCost(cheap, decay=1.0), plain_every=None)}
+    no_timing = Policy(plain_every=None)
+    auto = specrt.load(target, draft)
+    auto.tuning = Tuning(steps=StepCosts(flat, cheap, learn=False), policy=no_timing)
     # Here a third verify position costs more (t(3) = 12.5) and beliefs are pinned (acceptance 0.7 per
     # position, calibration = the draft's confidence): k = 2 is chosen every round, and after a first draft
     # the draft is less than 0.6 sure of, the round stops at one.
     stops = specrt.load(target, draft)
     steep = CostProfile({}, "", [1], [1, 2, 3], [[10.0, 10.5, 12.5]])
-    stops._costs = {
-        "model": CostModel(
-            StepCost(steep, decay=1.0),
-            StepCost(cheap, decay=1.0),
-            AcceptanceEstimate(prior=0.7, prior_weight=1e9),
-            ConfidenceCalibration(prior_weight=1e9),
-            plain_every=None,
-        )
-    }
+    stops.tuning = Tuning(
+        steps=StepCosts(steep, cheap, learn=False),
+        calibration=ConfidenceCalibration(prior_weight=1e9),
+        priors={"model": AcceptanceEstimate(prior=0.7, prior_weight=1e9)},
+        policy=no_timing,
+    )
     both = specrt.load(target, draft, ngram=True)
-    shared = StepCost(flat, decay=1.0)
-    both._costs = {
-        "model": CostModel(shared, StepCost(cheap, decay=1.0), plain_every=None),
-        "ngram": CostModel(shared, None, plain_every=None),
-    }
+    both.tuning = Tuning(steps=StepCosts(flat, cheap, learn=False), policy=no_timing)
     return {
         "auto k": auto,
         "auto k, early stops": stops,
@@ -190,7 +187,7 @@ def test_other_drafting_modes_match_target(engine, lookup_engines, variant, monk
     e = lookup_engines[variant]
     stopped: list[bool] = []  # per keep_drafting verdict: did the round end there?
     if variant == "auto k, early stops":  # every request's cost model is a copy: watch the method itself
-        from specrt.costmodel import CostModel
+        from specrt.tuning.costmodel import CostModel
 
         decide = CostModel.keep_drafting
         monkeypatch.setattr(CostModel, "keep_drafting", lambda *a: stopped.append(not decide(*a)) or not stopped[-1])

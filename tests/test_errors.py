@@ -54,7 +54,7 @@ def test_empty_bundle_folder(capsys, tmp_path):
 
 def _rerecord(bundle, name):
     """Make the manifest's file record agree with a changed file (so the next check down the line is hit)."""
-    from specrt.integrity import sha256_file
+    from specrt.bundle.integrity import sha256_file
 
     path = bundle / name
 

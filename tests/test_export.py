@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from specrt import Manifest, open_bundle
 from specrt.errors import ExportError, UnsupportedModelError, ValidationError
 from specrt.export import REGISTRY, ExportOptions, Progress, export_bundle
-from specrt.session import ModelSession
+from specrt.runtime.session import ModelSession
 
 ARCHS = sorted(REGISTRY)
 VARIANTS = {  # name -> (model_type, checkpoint options): every architecture plus llama's optional features
@@ -45,7 +45,7 @@ def _parity(bundle, checkpoint, plan):
     seq, worst, agree = [], 0.0, []
     for kind, n in plan:
         if kind == "rollback":
-            session.kv.rollback(n)
+            session.kv.rows[0].rollback(n)
             del seq[-n:]
             continue
         new = rng.integers(0, session.vocab_size, n).tolist()
@@ -55,7 +55,7 @@ def _parity(bundle, checkpoint, plan):
             ref = model(torch.tensor([seq])).logits[0, -n:].numpy()
         worst = max(worst, float(np.abs(got - ref).max()))
         agree += list(got.argmax(-1) == ref.argmax(-1))
-        assert session.kv.ids == seq
+        assert session.kv.rows[0].ids == seq
     return worst, float(np.mean(agree))
 
 

@@ -33,7 +33,7 @@ def test_reaching_max_seq_len_stops_cleanly(short, k):
     gen = short.complete(prompt, options)
     assert gen.finish_reason == "length"
     assert len(gen.prompt_ids) + len(gen.token_ids) == 64
-    assert short.target.kv.length <= 64 and short.draft.kv.length <= 48
+    assert short.target.kv.rows[0].length <= 64 and short.draft.kv.rows[0].length <= 48
     base = short.complete(prompt, GenerationOptions(max_new_tokens=1000, num_draft_tokens=0, ignore_eos=True))
     assert gen.token_ids == base.token_ids
     if k:
@@ -75,8 +75,8 @@ def test_max_new_tokens_is_exact(engine):
 def test_cache_reuse_and_cancellation(engine):
     options = GenerationOptions(max_new_tokens=32, ignore_eos=True)
     first = engine.complete("The quick brown fox", options)
-    assert engine.target.kv.ids == (first.prompt_ids + first.token_ids)[:-1]
-    assert engine.draft.kv.ids == (first.prompt_ids + first.token_ids)[: engine.draft.kv.length]
+    assert engine.target.kv.rows[0].ids == (first.prompt_ids + first.token_ids)[:-1]
+    assert engine.draft.kv.rows[0].ids == (first.prompt_ids + first.token_ids)[: engine.draft.kv.rows[0].length]
     again = engine.complete("The quick brown fox", options)
     assert again.token_ids == first.token_ids
     assert again.stats.prefill_s <= first.stats.prefill_s * 5  # prefill fed one token, not the prompt

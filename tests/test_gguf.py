@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 
 from specrt import open_bundle
 from specrt.export.tiny import write_gguf
-from specrt.session import ModelSession
+from specrt.runtime.session import ModelSession
 
 STRINGS = [
     "def fibonacci(n):\n    return n",

@@ -96,11 +96,11 @@ def _rollback_one_short(self, n):
 
 @pytest.mark.parametrize("mutation", ["accept every draft", "roll back one position short"])
 def test_equality_check_catches_a_broken_loop(engines, reference, monkeypatch, mutation):
-    from specrt import speculative
-    from specrt.kvcache import Row
+    from specrt.decoding import speculative
+    from specrt.runtime.kvcache import Row
 
     if mutation == "accept every draft":
-        monkeypatch.setattr(speculative, "verify_greedy", _accept_all)
+        monkeypatch.setattr(speculative, "accept_greedy", _accept_all)
     else:
         monkeypatch.setattr(Row, "rollback", _rollback_one_short)
     options = GenerationOptions(max_new_tokens=40, num_draft_tokens=4, ignore_eos=True)

@@ -14,8 +14,8 @@ from test_errors import _rerecord as rerecord
 from test_errors import assert_one_line_error, run_cli
 
 import specrt
-from specrt.bundle import open_bundle
-from specrt.integrity import sha256_file
+from specrt.bundle.integrity import sha256_file
+from specrt.bundle.loading import open_bundle
 
 
 def swap_two_token_ids(bundle):

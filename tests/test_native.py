@@ -58,8 +58,8 @@ def test_matmulnbits_runs_the_blocks_as_they_stand(gguf_type, accuracy_level):
     from gguf import GGMLQuantizationType, dequantize
     from onnx import TensorProto, helper
 
+    from specrt.bundle.manifest import Quantization
     from specrt.export.graph import GraphBuilder
-    from specrt.manifest import Quantization
 
     rng = np.random.default_rng(2)
     raw = random_blocks(gguf_type, rng)
@@ -119,7 +119,7 @@ def native_case(request, zoo):
 
 def test_native_bundle_computes_with_the_files_own_weights(native_case):
     from specrt import open_bundle
-    from specrt.session import ModelSession
+    from specrt.runtime.session import ModelSession
 
     qtype, bundles = native_case
     m = open_bundle(bundles[1]).manifest

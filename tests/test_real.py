@@ -69,7 +69,7 @@ def test_int4_target_divergences_are_near_ties():
     """int4 (accuracy level 4) targets are not bit-stable between 1-token and (k+1)-token passes: any
     greedy divergence must sit at a near-tie of the target, never at a clear choice."""
     need(TARGET_INT4, DRAFT)
-    from specrt.bench import NEAR_TIE, divergence
+    from specrt.decoding.divergence import NEAR_TIE, divergence
 
     engine = specrt.load(TARGET_INT4, DRAFT)
     for text, chat in PROMPTS:

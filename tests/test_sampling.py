@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from specrt.sampling import acceptance_probability, residual, sample, warp
-from specrt.speculative import verify_greedy
+from specrt.decoding.sampling import acceptance_probability, residual, sample, warp
+from specrt.decoding.speculative import accept_greedy
 
 
 def test_warp_temperature_only_is_softmax():
@@ -81,10 +81,10 @@ def test_accept_or_resample_yields_exactly_p(seed):
 def test_greedy_verification_rule():
     logits = np.full((4, 6), -1.0)
     logits[0, 2] = logits[1, 5] = logits[2, 1] = logits[3, 0] = 1.0  # target argmax: 2, 5, 1, 0
-    assert verify_greedy(logits, [2, 5, 1]) == (3, 0)  # all accepted, bonus token 0
-    assert verify_greedy(logits, [2, 4, 1]) == (1, 5)  # stop at the first disagreement
-    assert verify_greedy(logits, [3, 5, 1]) == (0, 2)
-    assert verify_greedy(logits[:1], []) == (0, 2)  # k = 0: a plain decoding step
+    assert accept_greedy(logits, [2, 5, 1]) == (3, 0)  # all accepted, bonus token 0
+    assert accept_greedy(logits, [2, 4, 1]) == (1, 5)  # stop at the first disagreement
+    assert accept_greedy(logits, [3, 5, 1]) == (0, 2)
+    assert accept_greedy(logits[:1], []) == (0, 2)  # k = 0: a plain decoding step
 
 
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.999])

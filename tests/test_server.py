@@ -18,8 +18,8 @@ openai = pytest.importorskip("openai")
 
 import specrt  # noqa: E402
 from specrt import GenerationOptions  # noqa: E402
-from specrt.protocol import Defaults  # noqa: E402
-from specrt.server import ServeConfig, create_app  # noqa: E402
+from specrt.serve.protocol import Defaults  # noqa: E402
+from specrt.serve.server import ServeConfig, create_app  # noqa: E402
 
 MODEL = "tiny"
 

@@ -9,7 +9,7 @@ from test_export import VARIANTS
 from transformers import AutoModelForCausalLM
 
 from specrt import open_bundle
-from specrt.session import ModelSession
+from specrt.runtime.session import ModelSession
 
 ROWS = 3
 # Steps over three slots: ("run", {slot: new tokens}) or ("rollback", {slot: n}) or ("reset", slot).

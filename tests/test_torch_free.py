@@ -21,14 +21,19 @@ def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", BLOCKER + code], capture_output=True, text=True, timeout=300)
 
 
-def test_import_specrt_stays_light():
-    r = _run(
-        "import specrt, specrt.cli, specrt.api, specrt.session\n"
-        "heavy = [m for m in ('torch', 'transformers', 'onnx') if m in sys.modules]\n"
-        "assert not heavy, heavy\nprint('ok')"
-    )
+def _loads_none_of(imports: str, heavy: tuple[str, ...]) -> None:
+    r = _run(f"{imports}\nheavy = [m for m in {heavy!r} if m in sys.modules]\nassert not heavy, heavy\nprint('ok')")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+def test_import_specrt_stays_light():
+    _loads_none_of(
+        "import specrt, specrt.cli, specrt.engine.api, specrt.runtime.session", ("torch", "transformers", "onnx")
+    )
+    # `import specrt` itself (what a service does at start-up) loads no ONNX Runtime and no tokenizer either:
+    # they are imported by the calls that need them (loading a bundle, encoding a prompt).
+    _loads_none_of("import specrt", ("torch", "onnxruntime", "tokenizers", "onnx", "jinja2"))
 
 
 def test_generate_runs_without_torch(zoo):

@@ -6,30 +6,30 @@ import numpy as np
 import pytest
 
 from specrt import GenerationOptions, Manifest, OptionsError
+from specrt.engine.generate import _held_back
 from specrt.errors import BundleError, SchemaVersionError
-from specrt.generate import _held_back
-from specrt.kvcache import KVCache
+from specrt.runtime.kvcache import KVCache
 
 
 def test_kvcache_rollback_is_bookkeeping_only():
     kv = KVCache(num_layers=2, num_kv_heads=2, max_len=16, head_dim=16)
     assert kv.nbytes == 2 * 2 * 2 * 16 * 16 * 4
     buffers = [(k.data_ptr(), v.data_ptr()) for k, v in kv.layers]
-    kv.advance([1, 2, 3, 4, 5])
-    kv.rollback(2)
-    assert kv.ids == [1, 2, 3] and kv.length == 3 and kv.free == 13
+    kv.rows[0].advance([1, 2, 3, 4, 5])
+    kv.rows[0].rollback(2)
+    assert kv.rows[0].ids == [1, 2, 3] and kv.rows[0].length == 3 and kv.rows[0].free == 13
     assert [(k.data_ptr(), v.data_ptr()) for k, v in kv.layers] == buffers  # nothing reallocated
-    assert kv.common_prefix([1, 2, 9, 4]) == 2 and kv.common_prefix([1, 2, 3, 4, 5]) == 3
-    kv.truncate(10)  # no-op: holds fewer
-    assert kv.length == 3
-    kv.truncate(1)
-    assert kv.ids == [1]
+    assert kv.rows[0].common_prefix([1, 2, 9, 4]) == 2 and kv.rows[0].common_prefix([1, 2, 3, 4, 5]) == 3
+    kv.rows[0].truncate(10)  # no-op: holds fewer
+    assert kv.rows[0].length == 3
+    kv.rows[0].truncate(1)
+    assert kv.rows[0].ids == [1]
     with pytest.raises(ValueError, match="overflow"):
-        kv.advance(list(range(16)))
+        kv.rows[0].advance(list(range(16)))
     with pytest.raises(ValueError):
-        kv.rollback(2)
-    kv.reset()
-    assert kv.length == 0
+        kv.rows[0].rollback(2)
+    kv.rows[0].reset()
+    assert kv.rows[0].length == 0
 
 
 def test_options_defaults_and_normalisation():
@@ -73,7 +73,7 @@ def test_manifest_round_trip_and_checks(zoo):
 def test_tokenizer_hash_depends_on_the_id_mapping_only(zoo, tmp_path):
     import json
 
-    from specrt.tokenizer import tokenizer_hash
+    from specrt.bundle.tokenizer import tokenizer_hash
 
     src = zoo.target() / "tokenizer.json"
     data = json.loads(src.read_text())
@@ -90,7 +90,7 @@ def test_tokenizer_hash_depends_on_the_id_mapping_only(zoo, tmp_path):
 def test_logits_are_written_in_place(zoo):
     """The session returns views of preallocated buffers: no per-step allocation of vocab-sized arrays."""
     from specrt import open_bundle
-    from specrt.session import ModelSession
+    from specrt.runtime.session import ModelSession
 
     s = ModelSession(open_bundle(zoo.target()))
     a = s.forward([1, 2, 3], keep=1)
@@ -103,7 +103,7 @@ def test_spinning_stops_between_runs_only_beside_a_draft(zoo):
     """Two sessions take turns on the same cores: beside a draft, each one's threads must stop spinning when
     its run returns (spinning on between runs doubled a 2-token verify); a lone target keeps spinning."""
     import specrt
-    from specrt.profile import _settings
+    from specrt.tuning.measure import settings_key as _settings
 
     lone = specrt.load(zoo.target())
     assert lone.target.options.allow_spinning and lone.target.options.spin_between_runs

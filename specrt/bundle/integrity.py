@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from .errors import BundleError
+from ..errors import BundleError
 
 # What each kind of file is; "weights" are checked by size at every load and by hash only on request.
 KINDS = ("graph", "weights", "tokenizer", "chat_template")

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BundleError, IncompatibleModelsError
+from ..errors import BundleError, IncompatibleModelsError
 from .integrity import FileCheck, check_files, resolve_inside
 from .manifest import Manifest
 from .tokenizer import TOKENIZER_FILE, Tokenizer, tokenizer_hash

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BundleError, SchemaVersionError
+from ..errors import BundleError, SchemaVersionError
 from .integrity import KINDS, FileRecord, check_name
 from .tokenizer import TOKENIZER_FILE
 
@@ -29,6 +29,8 @@ from .tokenizer import TOKENIZER_FILE
 # with the command that re-exports them: they cannot prove their files are the ones exported.
 SCHEMA_VERSION = 2
 MANIFEST_FILE = "manifest.json"
+# Measured step costs, per machine (specrt.tuning writes them; not hashed: they are not part of the contract).
+PROFILE_DIR = "profiles"
 ROLES = ("target", "draft")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 QUANT_BITS = {"none": None, "int8": 8, "int4": 4, "native": None}

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import BundleError, PromptError
+from ..errors import BundleError, PromptError
 
 TOKENIZER_FILE = "tokenizer.json"
 

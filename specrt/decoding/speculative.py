@@ -2,21 +2,21 @@
 
 A round for one sequence: a drafter proposes d_1..d_k (each drawn from the draft's distribution q_i, or
 deterministic for prompt lookup), the target scores [last, d_1..d_k] in one pass, giving p_0..p_k, and
-`verify` keeps the longest acceptable prefix plus one token of the target's own:
+`accept_drafts` keeps the longest acceptable prefix plus one token of the target's own:
 - greedy: accept while d_i is the target's argmax; then the target's argmax after the accepted prefix;
 - sampling (Leviathan et al. 2023, Chen et al. 2023): accept d_i with probability min(1, p(d_i) / q(d_i));
   at the first rejection sample the residual norm(max(0, p - q)); after a full acceptance sample a bonus
   token from p_k. The output is distributed exactly as the target's (warped) p.
 Rows of a batch run these functions one by one, each with its own options and random generator, so a
 row's tokens never depend on what else is in the batch. Positions, stopping, caches and batching belong to
-the scheduler; which k to draft is costmodel.py's business.
+the scheduler; which k to draft is specrt.tuning's business.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .options import GenerationOptions
+from ..options import GenerationOptions
 from .sampling import acceptance_probability, residual, sample, warp
 
 
@@ -34,20 +34,21 @@ def pick(logits: np.ndarray, options: GenerationOptions, rng: np.random.Generato
     return sample(probs, rng), probs
 
 
-def verify(
+def accept_drafts(
     logits: np.ndarray,
     drafted: list[int],
     q: list[np.ndarray | None],
     options: GenerationOptions,
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """logits [k + 1, V]: row i predicts the token after drafted[:i]. Returns (accepted drafts, next token)."""
+    """logits [k + 1, V]: row i predicts the token after drafted[:i]. Returns (accepted drafts, next token).
+    With no drafts (k = 0) this is a plain decoding step: the target's argmax, or a sample of its p."""
     if options.greedy:
-        return verify_greedy(logits, drafted)
-    return verify_sampled(probabilities(logits, options), drafted, q, rng)
+        return accept_greedy(logits, drafted)
+    return accept_sampled(probabilities(logits, options), drafted, q, rng)
 
 
-def verify_greedy(logits: np.ndarray, drafted: list[int]) -> tuple[int, int]:
+def accept_greedy(logits: np.ndarray, drafted: list[int]) -> tuple[int, int]:
     """Accept the longest prefix on which the target's argmax agrees, then take the target's token."""
     best = logits.argmax(axis=-1)
     for i, token in enumerate(drafted):
@@ -56,7 +57,7 @@ def verify_greedy(logits: np.ndarray, drafted: list[int]) -> tuple[int, int]:
     return len(drafted), int(best[len(drafted)])
 
 
-def verify_sampled(
+def accept_sampled(
     p: np.ndarray, drafted: list[int], q: list[np.ndarray | None], rng: np.random.Generator
 ) -> tuple[int, int]:
     """Rejection sampling. A deterministic proposal (q None: prompt lookup) is one-hot: accepted with

@@ -13,7 +13,6 @@ in arrival order). The thread runs while there is work and stops when there is n
 
 from __future__ import annotations
 
-import copy
 import os
 import queue
 import threading
@@ -22,18 +21,19 @@ from dataclasses import replace
 
 import numpy as np
 
-from .batchcost import BatchCost
-from .bundle import check_pair, open_bundle
-from .costmodel import CostModel, StepCost
-from .drafters import NgramDrafter
-from .errors import EngineBusyError, OptionsError, PromptError
+from ..bundle.loading import check_pair, open_bundle
+from ..decoding.drafters import NgramDrafter
+from ..errors import EngineBusyError, OptionsError, PromptError
+from ..options import GenerationOptions
+from ..runtime.session import ModelSession, SessionOptions
+from ..tuning.batchcost import BatchCost
+from ..tuning.costmodel import MODEL, NGRAM, Tuning
+from ..tuning.measure import WIDTHS, batch_profile_for, profile_for
+from ..tuning.stepcost import StepCosts
 from .generate import Generation
-from .options import GenerationOptions
-from .profile import WIDTHS, batch_profile_for, profile_for
 from .request import Request
 from .runner import Runner
 from .scheduler import Scheduler
-from .session import ModelSession, SessionOptions
 
 PathLike = str | os.PathLike
 
@@ -69,11 +69,9 @@ class Engine:
         )
         self.ngram = NgramDrafter() if ngram else None
         self.scheduler = Scheduler(Runner(self.target, self.draft), max_batch, prefill_chunk, self._prepare)
-        # Learned across generations, deliberately (a service's prompts resemble each other): per drafter, a
-        # template cost model whose step costs and calibration every request shares and whose acceptance is
-        # each new request's light prior (the last finished request's estimate). Built at the first auto-k
+        # Learned across generations, deliberately (see Tuning): the step costs are built at the first auto-k
         # generation; a later, larger max_draft_tokens reads widths past the profile by extrapolation.
-        self._costs: dict[str, CostModel] = {}
+        self.tuning = Tuning()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -130,29 +128,15 @@ class Engine:
         if request.options.num_draft_tokens is not None or not request.drafters:
             return
         options, context, slot = request.options, len(request.prompt), request.slot
-        if not self._costs:
-            target = StepCost(profile_for(self.target, options.max_draft_tokens + 1, context, slot))
-            if self.draft is not None:
-                # Widths past 1 price the draft's catch-ups after rounds it sat out.
-                draft = StepCost(profile_for(self.draft, max(WIDTHS), context, slot))
-                self._costs["model"] = CostModel(target, draft)
-            if self.ngram is not None:
-                self._costs["ngram"] = CostModel(target, None)  # the same target StepCost: one live scale
+        if self.tuning.steps is None:
+            target = profile_for(self.target, options.max_draft_tokens + 1, context, slot)
+            # Widths past 1 price the draft's catch-ups after rounds it sat out.
+            draft = profile_for(self.draft, max(WIDTHS), context, slot) if self.draft is not None else None
+            self.tuning.steps = StepCosts(target, draft)
         if self.max_batch > 1 and self.scheduler.batch_cost is None and len(self.scheduler.running) == 1:
             draft = batch_profile_for(self.draft) if self.draft is not None else None
             self.scheduler.batch_cost = BatchCost(batch_profile_for(self.target), draft)
-        request.costs = self._request_costs()
-
-    def _request_costs(self) -> dict[str, CostModel]:
-        """Each request's own cost models: the shared step costs and calibration, its own acceptance
-        (starting from the last request's as a light prior) and probing schedule."""
-        own = {}
-        for name, template in self._costs.items():
-            cost = replace(template, acceptance=copy.deepcopy(template.acceptance))
-            cost.start_generation()
-            template.acceptance = cost.acceptance  # the next request starts from what this one learns
-            own[name] = cost
-        return own
+        request.costs = self.tuning.for_request([NGRAM if d is self.ngram else MODEL for d in request.drafters])
 
     def reset(self) -> None:
         """Forget the cached contexts (the next prompts are prefilled from scratch)."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from ..bundle.tokenizer import Tokenizer
+from ..stats import Stats
 from .request import END, Request
-from .stats import Stats
-from .tokenizer import Tokenizer
 
 
 class Generation:

@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
-from .costmodel import CostModel
-from .options import GenerationOptions
-from .stats import Stats
+from ..options import GenerationOptions
+from ..stats import Stats
+from ..tuning.costmodel import RequestCosts
 
 END = object()  # the last item on a request's channel
 _ids = itertools.count()
@@ -34,16 +34,13 @@ class Request:
         self.rng = np.random.default_rng(options.seed)  # the request's own randomness, never shared
         self.state = "waiting"
         self.slot: int | None = None
-        self.prefilled = 0  # prompt tokens the target's slot holds
         self.drafters: list = []  # NgramDrafter / "model": what may draft for this request
-        self.costs: dict[str, CostModel] = {}  # per drafter, when k is auto
-        self.last_drafter: str | None = None
+        self.costs: RequestCosts | None = None  # its cost models, when k is auto
         self.stats = Stats(prompt_tokens=len(prompt))
         self.channel: queue.SimpleQueue = queue.SimpleQueue()  # lists of ids, then END or an exception
         self.cancel = threading.Event()
         self.submitted = time.perf_counter()
         self.started: float | None = None  # first prefill chunk
-        self.first_token: float | None = None
 
     @property
     def generated(self) -> int:
@@ -66,8 +63,6 @@ class Request:
                 break
         self.tokens += new
         self.stats.new_tokens += len(new)
-        if self.first_token is None:
-            self.first_token = time.perf_counter()
         if reason is None and len(self.tokens) >= self.max_len:
             reason = "length"
         self.channel.put(new)

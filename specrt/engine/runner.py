@@ -6,7 +6,7 @@
   still drafting (a row leaves when it has its k tokens, or earlier when its confidence says the rest would
   likely be rejected). A row whose draft slot fell behind by more than a step (rounds it sat out) first
   catches up alone, in chunks, for the same reason as prefill.
-- `verify`: ONE batched target pass over every running row's [last token, drafts...].
+- `target_pass`: ONE batched target pass over every running row's [last token, drafts...].
 Each model keeps one KV slot per request (the same index in both); rows are ragged and padded by the
 session. The runner times its runs and knows nothing about acceptance or stopping.
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..decoding.speculative import pick, top_probability
+from ..runtime.session import ModelSession
 from .request import Request
-from .session import ModelSession
-from .speculative import pick, top_probability
 
 CATCH_UP_CHUNK = 64  # draft catch-up tokens per run
 
@@ -47,7 +47,6 @@ class Runner:
         prompt = request.prompt
         end = min(len(prompt), row.length + chunk)
         logits = self.target.run([request.slot], [prompt[row.length : end]], [1])[0]
-        request.prefilled = end
         return logits[-1] if end == len(prompt) else None
 
     def propose(
@@ -89,7 +88,7 @@ class Runner:
             p.step_ms = float(np.mean(steps[rid])) if steps[rid] else None
         return out
 
-    def verify(self, rows: list[tuple[Request, list[int]]]) -> tuple[list[np.ndarray], float]:
+    def target_pass(self, rows: list[tuple[Request, list[int]]]) -> tuple[list[np.ndarray], float]:
         """One target pass over every row's [last token, drafts]: per row its k + 1 rows of logits (the
         arrays live until the next run), and the pass's milliseconds."""
         t0 = time.perf_counter()

@@ -1,73 +1,53 @@
 """The scheduler: decides each round which requests run, which prompt chunk is prefilled and how many tokens
-every row drafts, then applies the speculative maths per row.
+every row drafts, then settles each row's round.
 
 Requests wait in arrival order until a slot (a KV row in each model) is free; a finished or cancelled
 request frees its slot at once. A round is: at most one prefill chunk (of the oldest request still
 prefilling: `chunk` tokens when others are decoding, so they stall for one chunk at most, the whole prompt
-when nobody else is waiting on the cores), then one speculative round over every running row: each row's
-drafter and k (its own cost model as if alone, then the batch's ceiling: batchcost.py), the batched draft
-steps and the ONE batched verify pass (runner.py), and per row acceptance, rollback by counters, and
-commit (request.py). Batch 1 is this same path with one row; target-only decoding is k = 0 in it.
+when nobody else is waiting on the cores), then one speculative round over every running row:
+1. plan: each row's drafter and k (its own cost models as if alone, then the batch's ceiling);
+2. run: the batched draft steps and the ONE batched target pass (runner.py);
+3. settle, per row: accept drafts (decoding.speculative), roll the caches back by counters, count, learn
+   (one `observe` of the row's cost models and one of the batch's), commit (request.py).
+Batch 1 is this same path with one row; target-only decoding is k = 0 in it.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 
-from .batchcost import BatchCost
-from .drafters import NgramDrafter
+from ..decoding.drafters import NgramDrafter
+from ..decoding.speculative import accept_drafts
+from ..tuning.batchcost import BatchChoice, BatchCost
+from ..tuning.costmodel import MODEL, NGRAM, Choice, Outcome
 from .request import Request
 from .runner import Proposal, Runner
-from .speculative import pick, verify
+from .stats import EngineStats
 
 
 @dataclass
 class Plan:
     """One row's part of a round: who drafts, how many tokens at most, and what was proposed."""
 
-    drafter: str | None  # "model", "ngram" or None (a plain step)
+    drafter: str | None  # MODEL, NGRAM or None (a plain step)
     k: int
     lookup: list[int] = field(default_factory=list)  # prompt lookup's proposal
+    choices: dict[str, Choice] = field(default_factory=dict)  # each auto-k drafter's answer (for learning)
     proposal: Proposal = field(default_factory=Proposal)
 
     def capped(self, k: int) -> Plan:
-        return Plan(self.drafter if k else None, k, self.lookup[:k])
+        return Plan(self.drafter if k else None, k, self.lookup[:k], self.choices)
 
 
-class EngineStats:
-    """Counters of the whole engine (the server's /metrics reads them)."""
+@dataclass
+class Times:
+    """A round's measured milliseconds: the batched draft steps and the target pass."""
 
-    def __init__(self) -> None:
-        self.rounds = 0
-        self.batch_sizes: Counter = Counter()  # running rows per round -> rounds
-        self.k_chosen: Counter = Counter()  # k per row-round -> count
-        self.drafts = 0  # row-rounds that drafted
-        self.draft_tokens = 0
-        self.accepted_tokens = 0
-        self.accepted_per_position: Counter = Counter()  # draft position (1-based) -> accepted
-        self.queue_wait_s: list[float] = []  # per admitted request (the last 1000)
-        self.prompt_tokens = 0
-        self.generated_tokens = 0
-        self.requests: Counter = Counter()  # finish reason -> requests
-
-    def to_dict(self) -> dict:
-        """A snapshot, safe to take from another thread (dict() copies are atomic under the GIL)."""
-        waits = sorted(list(self.queue_wait_s))
-        return {
-            "rounds": self.rounds,
-            "batch_sizes": dict(sorted(dict(self.batch_sizes).items())),
-            "k_chosen": dict(sorted(dict(self.k_chosen).items())),
-            "drafts": self.drafts,
-            "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "accepted_per_position": dict(sorted(dict(self.accepted_per_position).items())),
-            "queue_wait_p50_s": waits[len(waits) // 2] if waits else 0.0,
-            "prompt_tokens": self.prompt_tokens,
-            "generated_tokens": self.generated_tokens,
-            "requests": dict(self.requests),
-        }
+    draft_ms: float
+    target_ms: float
+    alone: bool  # one row: the times are its own forwards
 
 
 class Scheduler:
@@ -102,6 +82,8 @@ class Scheduler:
     def _release(self, slot: int, reason: str) -> None:
         r = self.slots[slot]
         r.finish(reason)  # no-op when it already finished
+        if r.costs is not None:
+            r.costs.retire()
         self.stats.requests[r.stats.finish_reason] += 1
         self.stats.generated_tokens += r.generated
         # The target's slot keeps what it holds (a later prompt with the same prefix reuses it), cut to the
@@ -132,7 +114,6 @@ class Scheduler:
             self.slots[slot] = r
             if self.prepare is not None:
                 self._guarded([r], lambda r=r: self.prepare(r))
-            r.prefilled = rows[slot].length  # (measuring a profile in the slot may have emptied it)
             self.stats.queue_wait_s.append(r.started - r.submitted)
             del self.stats.queue_wait_s[:-1000]
             self.stats.prompt_tokens += len(r.prompt)
@@ -167,58 +148,90 @@ class Scheduler:
         logits = self.runner.prefill(r, len(r.prompt) if alone else self.chunk)
         r.stats.prefill_s += time.perf_counter() - t0
         r.stats.runtime_s += time.perf_counter() - t0
-        if logits is not None:
-            first, _ = pick(logits, r.options, r.rng)
+        if logits is not None:  # the first token: a round with nothing drafted
+            _, first = accept_drafts(logits[None], [], [], r.options, r.rng)
             r.state = "running"
             r.commit([first])
 
     def _round(self, rows: list[Request]) -> None:
         plans = [self._plan(r, alone=len(rows) == 1) for r in rows]
         context = max(len(r.tokens) for r in rows)  # the batched passes attend every row over the longest
-        if len(rows) > 1 and self.batch_cost is not None:  # the batch's ceiling on the rows' own choices
-            ks = self.batch_cost.choose(
-                [p.k for p in plans],
-                [self._expected(r, p.drafter) for r, p in zip(rows, plans, strict=True)],
-                [r.options.num_draft_tokens is not None for r in rows],
-                [p.drafter == "model" for p in plans],
-                context,
-            )
-            plans = [p.capped(k) for p, k in zip(plans, ks, strict=True)]
+        batch = self._batch_choice(rows, plans, context)
+        if batch is not None:
+            plans = [p.capped(k) for p, k in zip(plans, batch.ks, strict=True)]
         t0 = time.perf_counter()
-        drafting = [(r, p.k) for r, p in zip(rows, plans, strict=True) if p.drafter == "model" and p.k]
+        drafting = [(r, p.k) for r, p in zip(rows, plans, strict=True) if p.drafter == MODEL and p.k]
         proposals = self.runner.propose(drafting, self._keep_drafting)
         draft_ms = 1000 * (time.perf_counter() - t0)
         for r, p in zip(rows, plans, strict=True):
-            if p.drafter == "model" and p.k:
+            if p.drafter == MODEL and p.k:
                 p.proposal = proposals[r.id]
-            elif p.drafter == "ngram" and p.k:
+            elif p.drafter == NGRAM and p.k:
                 p.proposal = Proposal(p.lookup, [None] * len(p.lookup))
-        logits, verify_ms = self.runner.verify([(r, p.proposal.tokens) for r, p in zip(rows, plans, strict=True)])
-        if len(rows) > 1 and self.batch_cost is not None:
-            drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == "model" for p in plans]
-            self.batch_cost.observe(self.batch_cost.round_ms(drafted, model, context), draft_ms + verify_ms)
+        logits, target_ms = self.runner.target_pass([(r, p.proposal.tokens) for r, p in zip(rows, plans, strict=True)])
+        if batch is not None:
+            drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == MODEL for p in plans]
+            self.batch_cost.observe(batch, self.batch_cost.round_ms(drafted, model, context), draft_ms + target_ms)
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, row_logits in zip(rows, plans, logits, strict=True):
-            self._accept(r, p, row_logits, draft_ms if p.drafter == "model" and p.k else 0.0, verify_ms, len(rows))
+            row_draft_ms = draft_ms if p.drafter == MODEL and p.k else 0.0
+            self._settle(r, p, row_logits, Times(row_draft_ms, target_ms, alone=len(rows) == 1))
 
-    def _accept(self, r: Request, plan: Plan, logits, draft_ms: float, verify_ms: float, batch: int) -> None:
-        drafted, k = plan.proposal.tokens, len(plan.proposal.tokens)
-        n, nxt = verify(logits, drafted, plan.proposal.q, r.options, r.rng)
-        # Rejected drafts leave the caches by moving their length counters; no buffer is touched.
+    def _batch_choice(self, rows: list[Request], plans: list[Plan], context: int) -> BatchChoice | None:
+        """The batch's ceiling on the rows' own choices (batches of two rows or more, with a batch cost)."""
+        if len(rows) == 1 or self.batch_cost is None:
+            return None
+        return self.batch_cost.choose(
+            [p.k for p in plans],
+            [self._expected(r, p.drafter) for r, p in zip(rows, plans, strict=True)],
+            [r.options.num_draft_tokens is not None for r in rows],
+            [p.drafter == MODEL for p in plans],
+            context,
+        )
+
+    # ------------------------------------------------------------------ settling one row's round
+
+    def _settle(self, r: Request, plan: Plan, logits, times: Times) -> None:
+        proposal = plan.proposal
+        drafted, k = proposal.tokens, len(proposal.tokens)
+        n, nxt = accept_drafts(logits, drafted, proposal.q, r.options, r.rng)
+        before = len(r.tokens)
+        self._roll_back(r, k, n)
+        self._count(r, plan, k, n, times)
+        if r.costs is not None:
+            outcome = Outcome(
+                plan.drafter if k else None,
+                k,
+                n,
+                before,
+                times.alone,
+                times.target_ms,
+                proposal.step_ms,
+                tuple(proposal.confidences),
+            )
+            r.costs.observe(plan.choices, outcome)
+        r.commit([*drafted[:n], nxt])
+
+    def _roll_back(self, r: Request, k: int, n: int) -> None:
+        """Rejected drafts leave the caches by moving their length counters; no buffer is touched. The target
+        holds [.., last, d_1..d_k]: k - n positions go. The draft holds at most the accepted ones."""
         before = len(r.tokens)
         self.runner.target.kv.rows[r.slot].rollback(k - n)
         if self.runner.draft is not None:
             self.runner.draft.kv.rows[r.slot].truncate(before + n)
+
+    def _count(self, r: Request, plan: Plan, k: int, n: int, times: Times) -> None:
+        """The request's statistics and the engine's counters for one round."""
         s, e = r.stats, self.stats
         s.rounds += 1
         s.drafted += k
         s.accepted += n
         s.k_histogram[k] += 1
         s.rounds_by_drafter[f"{plan.drafter if k else 'none'}/{k}"] += 1
-        s.draft_s += draft_ms / 1000
-        s.target_s += verify_ms / 1000
-        s.runtime_s += (verify_ms + draft_ms) / 1000
+        s.draft_s += times.draft_ms / 1000
+        s.target_s += times.target_ms / 1000
+        s.runtime_s += (times.target_ms + times.draft_ms) / 1000
         e.k_chosen[k] += 1
         if k:
             e.drafts += 1
@@ -226,15 +239,6 @@ class Scheduler:
             e.accepted_tokens += n
             for i in range(1, n + 1):
                 e.accepted_per_position[i] += 1
-        # The cost models compare forwards with forwards measured at batch 1 (a batched pass prices the
-        # batch, not a row): the batch's own cost learns from batched rounds (BatchCost.observe).
-        cost = r.costs.get(plan.drafter) if k else None
-        if cost is not None:  # acceptance is the row's own whatever the batch; timings only at batch 1
-            p = plan.proposal
-            cost.observe(k, n, before, p.step_ms, verify_ms, p.confidences or None, timed=batch == 1)
-        elif r.costs and batch == 1:  # a plain step still tells how fast the target runs now
-            next(iter(r.costs.values())).target.observe(1, before, verify_ms)
-        r.commit([*drafted[:n], nxt])
 
     # ------------------------------------------------------------------ per-row choices
 
@@ -248,46 +252,44 @@ class Scheduler:
         # The round yields at most k + 1 tokens, and the k + 1 positions fed must fit the target's slot.
         k_cap = min(r.remaining - 1, fixed if fixed is not None else options.max_draft_tokens)
         k_cap = min(k_cap, self.runner.target.max_len - length - 1)
+        choices: dict[str, Choice] = {}
         best = None  # (tokens/ms, drafter name, k, lookup proposal)
         for drafter in r.drafters:
-            cap = k_cap
             found = None
             if isinstance(drafter, NgramDrafter):  # free to look up first: its length caps k
-                found = drafter.lookup(r.tokens, cap)
-                cap, name, behind = len(found), "ngram", 0
+                found = drafter.lookup(r.tokens, k_cap)
+                cap, name, behind = len(found), NGRAM, 0
             else:
-                name = "model"
                 # The draft holds everything but its last proposal: length + k - 1 <= its max_len.
-                cap = min(cap, self.runner.draft.max_len - length + 1)
+                cap, name = min(k_cap, self.runner.draft.max_len - length + 1), MODEL
                 behind = length - self.runner.draft.kv.rows[r.slot].length
             if cap <= 0:
                 continue
-            cost = r.costs.get(name)
+            cost = r.costs.get(name) if r.costs is not None else None
             if fixed is not None or cost is None:
                 best = (0.0, name, cap, found)
                 break
-            k = cost.choose(cap, length, behind, r.remaining, timed=alone)
-            rate = cost.tokens_per_ms(k, length) if k else 0.0
-            if k and (best is None or rate > best[0]):
-                best = (rate, name, k, found)
+            choice = choices[name] = cost.choose(cap, length, behind, r.remaining, alone=alone)
+            if choice.k and (best is None or choice.rate > best[0]):
+                best = (choice.rate, name, choice.k, found)
         if best is None:
-            return Plan(None, 0)
+            return Plan(None, 0, choices=choices)
         _, name, k, found = best
-        return Plan(name, k, found[:k] if found is not None else [])
+        return Plan(name, k, found[:k] if found is not None else [], choices)
 
     @staticmethod
     def _keep_drafting(r: Request, k: int, confidences: list[float]) -> bool:
         """Under auto k the chosen k is a ceiling: the draft stops early where its own confidence says the
         rest of the round would likely be rejected (a fixed k drafts exactly k). It depends on the draft
         alone, so verification stays exact."""
-        cost = r.costs.get("model")
+        cost = r.costs.get(MODEL) if r.costs is not None else None
         if cost is None or r.options.num_draft_tokens is not None:
             return True
         return cost.keep_drafting(confidences, k, len(r.tokens))
 
     @staticmethod
     def _expected(r: Request, drafter: str | None):
-        cost = r.costs.get(drafter) if drafter else None
+        cost = r.costs.get(drafter) if r.costs is not None else None
         if cost is None:  # fixed k or no cost model: a neutral estimate
             return lambda k: 1.0 + 0.7 * k
         return cost.acceptance.expected_tokens

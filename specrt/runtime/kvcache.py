@@ -5,8 +5,7 @@ the GPU). Row r is a slot: one sequence's keys and values, written in place by t
 [length, length + n). Slots at or beyond a row's length are never read, so rolling back rejected draft
 tokens is arithmetic on that row's counter, not a copy; a finished sequence frees its row by resetting
 the counter, and the next one overwrites it. Each row also remembers which token ids it holds, so a new
-prompt that shares a prefix with them reuses that part. The attributes without a row (`length`, `ids`,
-`advance`, ...) are row 0's: the whole runtime at batch 1. This module does not run models.
+prompt that shares a prefix with them reuses that part. This module does not run models.
 """
 
 from __future__ import annotations
@@ -88,31 +87,3 @@ class KVCache:
         self.rows = [Row(max_len) for _ in range(rows)]
         self.row_nbytes = int(np.prod(shape[1:])) * self.dtype.itemsize  # one slot of one buffer
         self.nbytes = 2 * num_layers * rows * self.row_nbytes
-
-    # Row 0: the batch-1 runtime's one sequence.
-    @property
-    def ids(self) -> list[int]:
-        return self.rows[0].ids
-
-    @property
-    def length(self) -> int:
-        return self.rows[0].length
-
-    @property
-    def free(self) -> int:
-        return self.rows[0].free
-
-    def advance(self, ids: list[int]) -> None:
-        self.rows[0].advance(ids)
-
-    def rollback(self, n: int) -> None:
-        self.rows[0].rollback(n)
-
-    def truncate(self, length: int) -> None:
-        self.rows[0].truncate(length)
-
-    def common_prefix(self, ids: list[int]) -> int:
-        return self.rows[0].common_prefix(ids)
-
-    def reset(self) -> None:
-        self.rows[0].reset()

@@ -1,21 +1,21 @@
 """One bundle loaded into ONNX Runtime: an InferenceSession, its IO binding and its KV cache.
 
-`ModelSession.forward(ids, keep)` appends `ids` to the cached context in one graph run (prefill, a 1-token
-decode step and a (k+1)-token verify pass are the same call) and returns the logits of the last `keep`
-positions. The KV buffers are bound once as both the graph's past inputs and present outputs, so the graph
-updates them in place. This module knows nothing about sampling or speculation.
+`ModelSession.run(slots, ids, keep)` appends each row's `ids` to its slot's cached context in one graph run
+(prefill, a 1-token decode step and a (k+1)-token verify pass are the same call, for any number of ragged
+rows) and returns the logits of each row's last `keep` positions; `forward(ids, keep)` is slot 0 alone.
+The KV buffers are bound once as both the graph's past inputs and present outputs, so the graph updates
+them in place. This module knows nothing about sampling or speculation.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .bundle import Bundle
-from .errors import BundleError, OptionsError
+from ..bundle.loading import Bundle
+from ..errors import BundleError, OptionsError
 from .kvcache import KVCache
 
 DEVICES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -26,25 +26,19 @@ class SessionOptions:
     """How a bundle runs: device, threads, spinning. Kept apart from generation options."""
 
     device: str = "cpu"  # cpu | cuda
-    device_id: int = 0
+    device_id: int = 0  # which GPU (the CUDA provider's device_id; the KV buffers are allocated there)
     intra_op_threads: int = 0  # 0: ONNX Runtime's default (one per physical core)
-    inter_op_threads: int = 1
     allow_spinning: bool = True  # worker threads spin while waiting for work instead of sleeping
     # False: they stop spinning as soon as a run returns (ONNX Runtime's session.force_spinning_stop). Two
     # sessions taking turns on the same cores want that: spinning inside a run keeps its parallel sections
     # fast, but threads still spinning after it steal the cores from the other session's run.
     spin_between_runs: bool = True
-    graph_optimization: str = "all"  # disable | basic | extended | all
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise OptionsError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
-        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
+        if self.intra_op_threads < 0:
             raise OptionsError("thread counts must be >= 0 (0 lets ONNX Runtime choose)")
-        if self.graph_optimization not in ("disable", "basic", "extended", "all"):
-            raise OptionsError(
-                f"graph_optimization {self.graph_optimization!r} is not one of disable, basic, extended, all"
-            )
 
 
 class ModelSession:
@@ -71,13 +65,7 @@ class ModelSession:
             )
         so = ort.SessionOptions()
         so.intra_op_num_threads = options.intra_op_threads
-        so.inter_op_num_threads = options.inter_op_threads
-        so.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[options.graph_optimization]
+        so.inter_op_num_threads = 1  # one graph at a time: the parallelism is inside its operators
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
         if not options.spin_between_runs:
             so.add_session_config_entry("session.force_spinning_stop", "1")
@@ -117,7 +105,6 @@ class ModelSession:
         if g.flavour == "gqa":
             self._bind_rows(0, 1)
         self._logits: dict[int, np.ndarray] = {}
-        self.busy_s = 0.0  # wall time spent inside ONNX Runtime runs (for overhead accounting)
 
     def _bind_rows(self, lo: int, hi: int) -> None:
         """Bind slots [lo, hi) of every layer's buffers as both the past input and the present output.
@@ -191,18 +178,20 @@ class ModelSession:
         return buf
 
     def forward(self, ids: Sequence[int], keep: int = 1) -> np.ndarray:
-        """Run `ids` after row 0's cached context; return logits [keep, vocab] of the last `keep` positions.
+        """Run `ids` after slot 0's cached context; return logits [keep, vocab] of the last `keep` positions.
 
         The returned array is reused by the next call with the same `keep`: read it before that call.
         """
-        if self.graph.flavour == "standard":
-            return self.run([0], [ids], [keep])[0]
-        n = len(ids)
+        return self.run([0], [ids], [keep])[0]
+
+    def _run_gqa(self, ids: Sequence[int], keep: int) -> np.ndarray:
+        """The batch-1 graph's run (GroupQueryAttention, slot 0): sequence lengths instead of a mask."""
+        n, row = len(ids), self.kv.rows[0]
         if n == 0 or not 1 <= keep <= n:
             raise ValueError(f"forward needs 1 <= keep ({keep}) <= len(ids) ({n})")
-        total = self.kv.length + n
+        total = row.length + n
         if total > self.kv.max_len:
-            raise ValueError(f"KV cache overflow: {self.kv.length} + {n} > max_len {self.kv.max_len}")
+            raise ValueError(f"KV cache overflow: {row.length} + {n} > max_len {self.kv.max_len}")
         g, io = self.graph, self._io
         # Locals keep the host arrays alive until the run is over.
         input_ids = np.asarray(ids, dtype=np.int64).reshape(1, n)
@@ -215,15 +204,9 @@ class ModelSession:
         io.bind_cpu_input(g.logits_to_keep, keep_arr)
         out = self._logits_buffer((1, keep, self.vocab_size))
         io.bind_output(g.logits, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
-        t0 = time.perf_counter()
         self.session.run_with_iobinding(io)
-        self.busy_s += time.perf_counter() - t0
-        self.kv.advance(list(ids))
+        row.advance(list(ids))
         return out[0]
-
-    def forward_slot(self, slot: int, ids: Sequence[int], keep: int = 1) -> np.ndarray:
-        """forward() for any slot (a gqa graph has slot 0 only)."""
-        return self.run([slot], [ids], [keep])[0]
 
     def run(self, slots: Sequence[int], ids: Sequence[Sequence[int]], keep: Sequence[int]) -> list[np.ndarray]:
         """One graph run for several rows (standard graph): slot slots[i] appends ids[i] to its cached
@@ -238,7 +221,7 @@ class ModelSession:
         if self.graph.flavour != "standard":  # one row: the batch-1 graph's own call
             if list(slots) != [0]:
                 raise ValueError(f"a {self.graph.flavour} graph runs slot 0 alone; got slots {list(slots)}")
-            return [self.forward(ids[0], keep[0])]
+            return [self._run_gqa(ids[0], keep[0])]
         if len(set(slots)) != len(slots) or min(slots) < 0 or max(slots) >= len(self.kv.rows):
             raise ValueError(f"slots {list(slots)} must be distinct and in [0, {len(self.kv.rows)})")
         width = max(len(x) for x in ids)
@@ -273,9 +256,7 @@ class ModelSession:
         io.bind_cpu_input(g.logits_rows, rows_out)
         out = self._logits_buffer((len(rows_out), self.vocab_size))
         io.bind_output(g.logits, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
-        t0 = time.perf_counter()
         self.session.run_with_iobinding(io)
-        self.busy_s += time.perf_counter() - t0
         result, at = [], 0
         for slot, x, k in zip(slots, ids, keep, strict=True):
             self.kv.rows[slot].advance(list(x))

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .options import GenerationOptions
+from ..options import GenerationOptions
 
 # Fields that would change the output if honoured: refused unless at their neutral value.
 UNSUPPORTED = {

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .errors import PromptError, SpecrtError
+from ..errors import PromptError, SpecrtError
 from .metrics import Metrics
 from .protocol import Defaults, Parsed, RequestError, chunk, new_id, parse, response, usage, usage_chunk
 

@@ -21,114 +21,18 @@ a batch near the break-even point does not thrash between two values from round 
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-BATCHES = (1, 2, 4, 8)
-WIDTHS = tuple(range(1, 10))
-CONTEXTS = (64, 512)  # measured context lengths; between and past them t is linear in the context
-# Timed rounds per cell. With 2, one disturbed round moved a cell's median by half: a native 1.5B profile
-# stored t(8, 1) = 180 ms against 120 measured again, which priced a 2-token verify at 1.14 plain steps
-# instead of 1.55, and auto k drafted 1 token per row at 8 requests, 0.87x plain batching. A median of 4
-# interleaved rounds outvotes one disturbed round on either side.
-REPS = 4
+from .profile import BatchProfile, BatchProfiles
 
 
-@dataclass
-class BatchProfile:
-    """Milliseconds of one forward of B rows x S new tokens each, at one context length."""
+@dataclass(frozen=True)
+class BatchChoice:
+    """The round's ceiling K and each row's k under it."""
 
-    batches: list[int]
-    widths: list[int]
-    ms: list[list[float]]  # ms[batch index][width index], medians
-    context: int = 512
-    reps: int = 0  # timed rounds behind each median (0: a profile from before this was recorded)
-
-    def __call__(self, batch: int, width: int) -> float:
-        row = [self._at_width(r, width) for r in self.ms]
-        if batch <= self.batches[0]:
-            return row[0] * batch / self.batches[0]
-        for (b0, t0), (b1, t1) in zip(
-            zip(self.batches, row, strict=True), zip(self.batches[1:], row[1:], strict=True), strict=False
-        ):
-            if batch <= b1:
-                return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
-        return row[-1] * batch / self.batches[-1]  # past the largest measured batch: proportional
-
-    def _at_width(self, row: list[float], width: int) -> float:
-        if width in self.widths:
-            return row[self.widths.index(width)]
-        if width < self.widths[0]:
-            return row[0]
-        w0, w1 = self.widths[-2:]
-        return row[-1] + (row[-1] - row[-2]) / (w1 - w0) * (width - w1)
-
-
-@dataclass
-class BatchProfiles:
-    """t(B, S) at several context lengths: linear in the context between and past the measured ones (a
-    longer context adds attention reads per row; never less than the shortest context's time)."""
-
-    profiles: list[BatchProfile]  # by increasing context
-
-    def __call__(self, batch: int, width: int, context: int | None = None) -> float:
-        ps = self.profiles
-        if context is None or len(ps) == 1:
-            return ps[-1](batch, width)
-        lo, hi = (ps[0], ps[1]) if context <= ps[1].context else (ps[-2], ps[-1])
-        t_lo, t_hi = lo(batch, width), hi(batch, width)
-        t = t_lo + (t_hi - t_lo) / (hi.context - lo.context) * (context - lo.context)
-        return max(t, t_lo if lo is ps[0] else ps[0](batch, width))
-
-    @property
-    def reps(self) -> int:
-        return min(p.reps for p in self.profiles)
-
-
-def clamp_contexts(contexts: Sequence[int], max_len: int, widths: Sequence[int] = WIDTHS) -> list[int]:
-    """The contexts a profile can be measured at in a session of max_len positions (a short one holds fewer)."""
-    return sorted({max(0, min(c, max_len - max(widths))) for c in contexts})
-
-
-def measure_batch(
-    session, batches: Sequence[int], widths: Sequence[int], context: int = 512, reps: int = REPS
-) -> BatchProfile:
-    """t(B, S) at one context length (see measure_batches)."""
-    return measure_batches(session, batches, widths, [context], reps).profiles[0]
-
-
-def measure_batches(
-    session, batches: Sequence[int], widths: Sequence[int], contexts: Sequence[int] = CONTEXTS, reps: int = REPS
-) -> BatchProfiles:
-    """t(B, S) at each context for a session with at least max(batches) rows; every cell once per round,
-    rounds interleaved (order reversed every other round), medians, non-decreasing in S (more tokens never
-    take less time; noise only adds)."""
-    contexts = clamp_contexts(contexts, session.max_len, widths)
-    slots = len(session.kv.rows)
-    batches = [b for b in batches if b <= slots]
-    cells = [(c, b, w) for c in contexts for b in batches for w in widths]
-    times: dict[tuple[int, int, int], list[float]] = {cell: [] for cell in cells}
-    for rnd in range(reps + 1):
-        for c, b, w in cells if rnd % 2 else cells[::-1]:
-            for s in range(b):
-                session.kv.rows[s].reset()
-                session.kv.rows[s].advance([0] * c)
-            t0 = time.perf_counter()
-            session.run(list(range(b)), [[0] * w] * b, [1] * b)
-            if rnd:
-                times[c, b, w].append(1000 * (time.perf_counter() - t0))
-    for row in session.kv.rows:
-        row.reset()
-    profiles = []
-    for c in contexts:
-        ms = []
-        for b in batches:
-            row = [statistics.median(times[c, b, w]) for w in widths]
-            ms.append([min(row[i:]) for i in range(len(row))])
-        profiles.append(BatchProfile(list(batches), list(widths), ms, c, reps))
-    return BatchProfiles(profiles)
+    ceiling: int
+    ks: list[int]
 
 
 @dataclass
@@ -165,9 +69,10 @@ class BatchCost:
         fixed: Sequence[bool],
         drafting: Sequence[bool],
         context: int | None = None,
-    ) -> list[int]:
+    ) -> BatchChoice:
         """Per-row k for the round: each auto row's own choice, capped at the ceiling K that maximises the
-        batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass)."""
+        batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass).
+        A query: the ceiling in force changes only when the round is observed."""
 
         def ks_for(ceiling: int) -> list[int]:
             return [w if f else min(w, ceiling) for w, f in zip(wanted, fixed, strict=True)]
@@ -183,12 +88,14 @@ class BatchCost:
         current = self.ceiling if self.ceiling is not None and self.ceiling in candidates else None
         if current is not None and candidates[current] * (1 + self.margin) >= candidates[best]:
             best = current  # not enough better to move
-        self.ceiling = best
-        self.history.append(best)
-        del self.history[:-1000]
-        return ks_for(best)
+        return BatchChoice(best, ks_for(best))
 
-    def observe(self, predicted_ms: float, measured_ms: float) -> None:
+    def observe(self, choice: BatchChoice, predicted_ms: float = 0.0, measured_ms: float = 0.0) -> None:
+        """A batched round ran under `choice`: its ceiling is now the one in force, and its measured time
+        against the predicted one moves the live ratio (the machine's drift)."""
+        self.ceiling = choice.ceiling
+        self.history.append(choice.ceiling)
+        del self.history[:-1000]
         if predicted_ms > 0 and measured_ms > 0:
             observed = measured_ms / (predicted_ms / self.ratio)
             bounded = min(max(observed, 0.5 * self.ratio), 2.0 * self.ratio)

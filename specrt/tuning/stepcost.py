@@ -1,0 +1,84 @@
+"""What the target's and the draft's forwards cost now: a measured profile, times the machine's live speed,
+times a learned ratio per kind of forward.
+
+One `StepCosts` per engine, shared by every request (it describes the machine, not the text). Three things
+are learned from live timings, each for a reason:
+- **The machine's speed** (live / profiled time of the target's plain 1-token steps): a machine that got
+  faster or slower (clock, a neighbour's load) changes every forward, not only the kind last observed.
+  (When it was learned per kind, verify and draft estimates went stale while plain decoding ran 30% faster
+  than profiled, and drafting, which would have paid, never looked worth trying.) Until a plain step has
+  been seen, the target's wide passes stand in for it; the first plain step is taken as measured, and the
+  wide passes' estimate, which was measured too, is kept as their ratio.
+- **A ratio per kind** of forward against that speed: the target's wide (verify) passes, the draft's steps.
+  Drafting and verifying alternate two models on the same cores, so a verify pass runs with caches the draft
+  has just evicted; learning one scale from both would make plain decoding look as slow as that and
+  speculation win on paper. A kind not yet seen borrows its model's other kind's ratio.
+- Each estimate moves by at most a factor of 2 of itself per observation, smoothed (`decay`): one odd
+  timing (a page fault, a neighbour's burst) moves it by at most 20%, a lasting change wins within rounds.
+Observations come only from rounds that ran alone (a batched pass prices the batch, not a row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Profile = Callable[[int, int], float]  # (S new tokens, context) -> ms, measured offline on this machine
+TARGET, DRAFT = "target", "draft"
+CATCH_UP_WIDTH = 16  # the widest forward profiles price per token (measure.WIDTHS reaches it)
+
+
+def _kind(width: int) -> str:
+    return "plain" if width == 1 else "wide"
+
+
+class StepCosts:
+    def __init__(self, target: Profile, draft: Profile | None = None, *, learn: bool = True, decay: float = 0.8):
+        self.profiles = {TARGET: target, DRAFT: draft}
+        self.learn = learn  # False: the estimates stay the profiles' (a fixed cost landscape, for tests)
+        self.decay = decay
+        self.speed = 1.0  # live / profiled time of the target's plain steps
+        self.speed_from: str | None = None  # the kind that set the speed: None (the profile), "wide", "plain"
+        self.ratios: dict[tuple[str, str], float] = {}  # (model, kind) -> live / (profile * speed)
+        self.rounds_since_plain = 1 << 30  # target passes since the last plain step (none yet: "forever")
+
+    @property
+    def has_draft(self) -> bool:
+        return self.profiles[DRAFT] is not None
+
+    def ratio(self, model: str, kind: str) -> float:
+        if (model, kind) == (TARGET, "plain"):
+            return 1.0
+        other = "wide" if kind == "plain" else "plain"
+        default = 1.0 if model == TARGET else self.ratios.get((model, other), 1.0)
+        return self.ratios.get((model, kind), default)
+
+    def ms(self, model: str, width: int, context: int) -> float:
+        return self.profiles[model](width, context) * self.speed * self.ratio(model, _kind(width))
+
+    def catch_up_ms(self, tokens: int, context: int) -> float:
+        """The draft's forward over `tokens` it missed, priced per chunk at the widest profiled width (the
+        cheapest per token the profiles know)."""
+        chunk = min(tokens, CATCH_UP_WIDTH)
+        return self.ms(DRAFT, chunk, context) * tokens / chunk if tokens > 0 else 0.0
+
+    def observe(self, model: str, width: int, context: int, ms: float) -> None:
+        """A forward of `width` new tokens after `context` took `ms` (in a round that ran alone)."""
+        profiled = self.profiles[model](width, context) if self.profiles[model] is not None else 0.0
+        if not (self.learn and profiled > 0 and ms > 0):
+            return
+        live, kind = ms / profiled, _kind(width)
+        if model == TARGET:
+            self.rounds_since_plain = 0 if kind == "plain" else self.rounds_since_plain + 1
+            if kind == "plain" and self.speed_from != "plain":
+                if self.speed_from == "wide":  # keep the wide passes' measured estimate
+                    self.ratios[TARGET, "wide"] = self.speed / live
+                self.speed, self.speed_from = live, "plain"
+                return
+            if kind == "plain" or self.speed_from != "plain":
+                self.speed, self.speed_from = self._smooth(self.speed, live), kind
+                return
+        self.ratios[model, kind] = self._smooth(self.ratio(model, kind), live / self.speed)
+
+    def _smooth(self, current: float, observed: float) -> float:
+        bounded = min(max(observed, 0.5 * current), 2.0 * current)
+        return self.decay * current + (1 - self.decay) * bounded
