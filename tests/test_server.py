@@ -12,9 +12,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import import_or_skip
 
-pytest.importorskip("starlette")
-openai = pytest.importorskip("openai")
+import_or_skip("starlette")
+openai = import_or_skip("openai")
 
 import specrt  # noqa: E402
 from specrt import GenerationOptions  # noqa: E402
@@ -409,11 +410,12 @@ def test_the_readme_serving_examples_run(server):
     def local(code: str) -> str:
         return code.replace(":8000", f":{server.port}").replace('"qwen"', f'"{MODEL}"')
 
-    if shutil.which("curl"):
-        out = subprocess.run(local(curl), shell=True, capture_output=True, text=True, timeout=60, check=True)
-        reply = json.loads(out.stdout)
-        assert reply["object"] == "text_completion" and reply["choices"][0]["text"]
-        assert reply["usage"]["completion_tokens"] > 0
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed: the README's curl example cannot run (apt-get install curl)")
+    out = subprocess.run(local(curl), shell=True, capture_output=True, text=True, timeout=60, check=True)
+    reply = json.loads(out.stdout)
+    assert reply["object"] == "text_completion" and reply["choices"][0]["text"]
+    assert reply["usage"]["completion_tokens"] > 0
     printed = StringIO()
     with redirect_stdout(printed):
         exec(compile(local(python), "README.md (serving)", "exec"), {})
