@@ -4,7 +4,8 @@
 Each configuration is a worker process holding one loaded engine: a specrt source tree (`--config
 NAME=ROOT`, e.g. a worktree of an older commit, to check that a change keeps the speed) and, for trees that
 have it, a tuning policy override (`NAME=ROOT:min_gain=0,early_stop=False` switches a heuristic of
-specrt.tuning.costmodel.Policy off). The parent sends every worker the same generation in turn, prompt by
+specrt.tuning.costmodel.Policy off; `draft_profile_x=10` makes the stored draft profile 10x too slow, as if
+measured while another job took the cores). The parent sends every worker the same generation in turn, prompt by
 prompt and repeat by repeat, the order of the workers reversed every other time, so drift on a noisy machine
 hits every configuration alike; idle workers do not spin (a draft is loaded, so threads stop between runs).
 It reports tokens/s per prompt (median of repeats, end to end, caches cleared before each run) and each
@@ -36,13 +37,21 @@ def worker(args: argparse.Namespace) -> None:
     from specrt.bench import DEFAULT_PROMPTS
 
     engine = specrt.load(args.target, args.draft, threads=args.threads)
-    if args.policy:
+    policy = json.loads(args.policy) if args.policy else {}
+    wrong = policy.pop("draft_profile_x", None)  # a stored draft profile this many times too slow
+    if policy:
         from dataclasses import replace
 
-        engine.tuning.policy = replace(engine.tuning.policy, **json.loads(args.policy))
+        engine.tuning.policy = replace(engine.tuning.policy, **policy)
     prompts = {p.name: p for p in DEFAULT_PROMPTS}
     # Warm-up: the first generation of a fresh engine pages in weights and sizes buffers (and measures profiles).
     engine.complete("def warm_up():", specrt.GenerationOptions(max_new_tokens=16, ignore_eos=True))
+    if wrong is not None:  # as if the profile had been measured while another job took the cores
+        from specrt.tuning.stepcost import DRAFT, StepCosts
+
+        steps = engine.tuning.steps
+        measured = steps.profiles[DRAFT]
+        engine.tuning.steps = StepCosts(steps.profiles["target"], lambda w, c: wrong * measured(w, c))
     print(json.dumps({"ready": specrt.__file__}), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
@@ -135,9 +144,9 @@ def main() -> None:
         + " | ".join(f"{n} tok/s" for n in order)
         + " | "
         + " | ".join(f"{n}/{base}" for n in order[1:])
-        + " |"
+        + " | distinct greedy outputs |"
     ]
-    lines.append("|---" * (1 + 2 * len(order) - 1) + "|")
+    lines.append("|---" * (2 * len(order) + 1) + "|")
     overall = {n: [] for n in order[1:]}
     for prompt in names:
         med = {n: statistics.median(r["tok_s"] for r in runs[n][prompt]) for n in order}
@@ -146,19 +155,27 @@ def main() -> None:
             paired = [a["tok_s"] / b["tok_s"] for a, b in zip(runs[n][prompt], runs[base][prompt], strict=True)]
             ratios[n] = statistics.median(paired)
             overall[n] += paired
-        equal = {n: all(r["tokens"] == runs[base][prompt][0]["tokens"] for r in runs[n][prompt]) for n in order}
+        first = runs[base][prompt][0]["tokens"]
+        equal = {n: all(r["tokens"] == first for r in runs[n][prompt]) for n in order}
+        # Distinct greedy outputs among a configuration's own repeats (auto k's choices follow live timings,
+        # and a quantized target's verify passes may round a near-tie differently at different widths).
+        distinct = {n: len({tuple(r["tokens"]) for r in runs[n][prompt]}) for n in order}
         report["prompts"][prompt] = {
             "tok_s": med,
             "ratio": ratios,
             "equal_to_first": equal,
+            "distinct_outputs": distinct,
             "runs": {n: [{k: v for k, v in r.items() if k != "tokens"} for r in runs[n][prompt]] for n in order},
         }
         lines.append(
             f"| {prompt} | "
             + " | ".join(f"{med[n]:.2f}" for n in order)
             + " | "
-            + " | ".join(f"{ratios[n]:.3f}{'' if equal[n] else ' (output differs)'}" for n in order[1:])
-            + " |"
+            + " | ".join(f"{ratios[n]:.3f}" for n in order[1:])
+            + f" | {len({tuple(r['tokens']) for n in order for r in runs[n][prompt]})} "
+            + "("
+            + ", ".join(f"{n} {distinct[n]}" for n in order)
+            + ") |"
         )
     report["overall_median_ratio"] = {n: statistics.median(v) for n, v in overall.items()}
     lines.append(
@@ -166,7 +183,7 @@ def main() -> None:
         + " | " * (len(order) - 1)
         + " | "
         + " | ".join(f"**{report['overall_median_ratio'][n]:.3f}**" for n in order[1:])
-        + " |"
+        + " | |"
     )
     report["command"] = " ".join([Path(sys.executable).name, *sys.argv])
     print("\n".join(lines))

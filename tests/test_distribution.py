@@ -14,7 +14,6 @@ deliberately broken acceptance rules (the mutations below), proving it can catch
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -40,31 +39,46 @@ def engine(zoo):
     return specrt.load(target, draft)
 
 
+_EXACT: dict = {}  # (target, N, warp) -> the exact distribution: it depends on nothing else
+
+
 def exact_distribution(engine, options) -> np.ndarray:
-    """P(t1..t4 | PROMPT) under the warped target, by enumerating prefixes: shape [V, V, V, V]."""
-    session = engine.target
-    warp_row = lambda logits: warp(logits[-1:], options.temperature, options.top_k, options.top_p)[0]  # noqa: E731
-    probs = np.zeros((VOCAB,) * NEW)
-    session.kv.rows[0].reset()
-    p1 = warp_row(session.forward(PROMPT, keep=1))
-    base = session.kv.rows[0].length
-    for prefix in itertools.product(range(VOCAB), repeat=NEW - 1):
-        mass = p1[prefix[0]]
-        for i in range(1, NEW - 1):  # P(t_{i+1} | t_1..t_i)
-            if mass == 0:
-                break
-            session.kv.rows[0].truncate(base)
-            mass *= warp_row(session.forward(list(prefix[:i]), keep=1))[prefix[i]]
-        if mass == 0:
-            continue
-        session.kv.rows[0].truncate(base)
-        probs[prefix] = mass * warp_row(session.forward(list(prefix), keep=1))
-    session.kv.rows[0].reset()
+    """P(t1..tN | PROMPT) under the warped target, N = options.max_new_tokens, by walking the tree of prefixes
+    (one target forward per prefix with any mass): shape [V] * N."""
+    key = (str(engine.target.bundle.path), options.max_new_tokens, options.temperature, options.top_k, options.top_p)
+    if key not in _EXACT:
+        _EXACT[key] = _exact(engine, options)
+    return _EXACT[key]
+
+
+def _exact(engine, options) -> np.ndarray:
+    session, new = engine.target, options.max_new_tokens
+    row = session.kv.rows[0]
+    probs = np.zeros((VOCAB,) * new)
+    row.reset()
+    session.forward(PROMPT[:-1], keep=1)
+    base = row.length
+
+    def next_token(prefix: tuple[int, ...]) -> np.ndarray:
+        row.truncate(base)
+        logits = session.forward([PROMPT[-1], *prefix], keep=1)
+        return warp(logits[-1:], options.temperature, options.top_k, options.top_p)[0]
+
+    def walk(prefix: tuple[int, ...], mass: float) -> None:
+        p = next_token(prefix)
+        if len(prefix) == new - 1:
+            probs[prefix] = mass * p
+            return
+        for token in np.flatnonzero(p):
+            walk((*prefix, int(token)), mass * p[token])
+
+    walk((), 1.0)
+    row.reset()
     return probs
 
 
 def sample_counts(engine, options, n: int) -> np.ndarray:
-    counts = np.zeros((VOCAB,) * NEW)
+    counts = np.zeros((VOCAB,) * options.max_new_tokens)
     for seed in range(n):
         gen = engine.complete(PROMPT, GenerationOptions(**{**options.__dict__, "seed": seed}))
         counts[tuple(gen.token_ids)] += 1
@@ -72,13 +86,15 @@ def sample_counts(engine, options, n: int) -> np.ndarray:
 
 
 def distance_report(exact: np.ndarray, counts: np.ndarray) -> list[tuple[str, float, float]]:
-    """(statistic, L1 distance, bound) for the joint of positions 2..4 and each position's marginal."""
-    n = counts.sum()
-    checks = [("joint t2..t4", (1, 2, 3))] + [(f"marginal t{i + 1}", (i,)) for i in range(1, NEW)]
+    """(statistic, L1 distance, bound) for the joint of positions 2..4 and each later position's marginal;
+    past four tokens also the joint of every two neighbouring positions."""
+    n, new = counts.sum(), exact.ndim
+    checks = [("joint t2..t4", (1, 2, 3))] + [(f"marginal t{i + 1}", (i,)) for i in range(1, new)]
+    checks += [(f"joint t{i}..t{i + 1}", (i - 1, i)) for i in range(4, new)]
     delta = DELTA / len(checks)
     out = []
     for name, axes in checks:
-        drop = tuple(a for a in range(NEW) if a not in axes)
+        drop = tuple(a for a in range(new) if a not in axes)
         p, q = exact.sum(axis=drop).ravel(), counts.sum(axis=drop).ravel() / n
         bound = math.sqrt(2 * (p.size * math.log(2) + math.log(1 / delta)) / n)
         out.append((name, float(np.abs(p - q).sum()), bound))
@@ -213,6 +229,35 @@ def test_target_only_sampling_matches_target(engine):
     assert not failed(report), report
 
 
+SEVERAL = 6  # the first token from prefill, then five over at least two rounds at k = 2 or 3
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_several_rounds_match_target(engine, k):
+    """Rounds after rounds: a rejection, the draft's catch-up on the target's token, the next round's drafts
+    from there, and full acceptances with their bonus tokens, held to the same check over five positions."""
+    options = GenerationOptions(max_new_tokens=SEVERAL, num_draft_tokens=k, ignore_eos=True, temperature=1.0)
+    counts = sample_counts(engine, options, 10_000)
+    report = distance_report(exact_distribution(engine, options), counts)
+    assert not failed(report), report
+    gen = engine.complete(PROMPT, GenerationOptions(**{**options.__dict__, "seed": 0}))
+    assert gen.stats.rounds >= 2 and gen.stats.drafted > gen.stats.accepted  # several rounds, a rejection
+
+
+def report_with_broken_residual(engine, monkeypatch, new: int, k: int, sampler, n: int):
+    """The distance report of n samples drawn with the residual replaced by p (a wrong sampler)."""
+    name, broken = MUTATIONS["resample from p instead of the residual (p-q)+"]
+    options = GenerationOptions(max_new_tokens=new, num_draft_tokens=k, ignore_eos=True, temperature=1.0)
+    exact = exact_distribution(engine, options)
+    monkeypatch.setattr(speculative, name, broken)
+    return distance_report(exact, sampler(engine, options, n))
+
+
+def test_broken_rule_is_caught_over_several_rounds(engine, monkeypatch):
+    report = report_with_broken_residual(engine, monkeypatch, SEVERAL, 3, sample_counts, 8_000)
+    assert failed(report), f"the check over several rounds did not notice the broken rule: {report}"
+
+
 def test_seed_makes_sampling_reproducible(engine):
     options = GenerationOptions(max_new_tokens=30, num_draft_tokens=3, temperature=1.0, seed=123, ignore_eos=True)
     a = engine.complete(PROMPT, options).token_ids
@@ -231,7 +276,7 @@ def sample_counts_batched(engine, options, n: int, threads: int = 3) -> np.ndarr
     settings (greedy, another temperature, auto k): every sample shares its batch with different rows."""
     import threading
 
-    counts = np.zeros((VOCAB,) * NEW)
+    counts = np.zeros((VOCAB,) * options.max_new_tokens)
     lock, done = threading.Lock(), threading.Event()
     others = [
         GenerationOptions(max_new_tokens=6, ignore_eos=True),
@@ -272,9 +317,5 @@ def test_batched_speculative_sampling_matches_target(batch_engine):
 
 
 def test_broken_acceptance_rule_is_caught_in_a_batch(batch_engine, monkeypatch):
-    name, broken = MUTATIONS["resample from p instead of the residual (p-q)+"]
-    options = GenerationOptions(max_new_tokens=NEW, num_draft_tokens=2, ignore_eos=True, temperature=1.0)
-    exact = exact_distribution(batch_engine, options)
-    monkeypatch.setattr(speculative, name, broken)
-    report = distance_report(exact, sample_counts_batched(batch_engine, options, 10_000))
+    report = report_with_broken_residual(batch_engine, monkeypatch, NEW, 2, sample_counts_batched, 10_000)
     assert failed(report), f"the distribution check did not notice the broken rule in a batch: {report}"

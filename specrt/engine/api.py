@@ -28,7 +28,7 @@ from ..options import GenerationOptions
 from ..runtime.session import ModelSession, SessionOptions
 from ..tuning.batchcost import BatchCost
 from ..tuning.costmodel import MODEL, NGRAM, Tuning
-from ..tuning.measure import WIDTHS, batch_profile_for, profile_for
+from ..tuning.measure import batch_profile_for, profile_for
 from ..tuning.stepcost import StepCosts
 from .generate import Generation
 from .request import Request
@@ -130,8 +130,7 @@ class Engine:
         options, context, slot = request.options, len(request.prompt), request.slot
         if self.tuning.steps is None:
             target = profile_for(self.target, options.max_draft_tokens + 1, context, slot)
-            # Widths past 1 price the draft's catch-ups after rounds it sat out.
-            draft = profile_for(self.draft, max(WIDTHS), context, slot) if self.draft is not None else None
+            draft = profile_for(self.draft, 1, context, slot) if self.draft is not None else None  # its steps
             self.tuning.steps = StepCosts(target, draft)
         if self.max_batch > 1 and self.scheduler.batch_cost is None and len(self.scheduler.running) == 1:
             draft = batch_profile_for(self.draft) if self.draft is not None else None

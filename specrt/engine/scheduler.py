@@ -258,18 +258,17 @@ class Scheduler:
             found = None
             if isinstance(drafter, NgramDrafter):  # free to look up first: its length caps k
                 found = drafter.lookup(r.tokens, k_cap)
-                cap, name, behind = len(found), NGRAM, 0
+                cap, name = len(found), NGRAM
             else:
                 # The draft holds everything but its last proposal: length + k - 1 <= its max_len.
                 cap, name = min(k_cap, self.runner.draft.max_len - length + 1), MODEL
-                behind = length - self.runner.draft.kv.rows[r.slot].length
             if cap <= 0:
                 continue
             cost = r.costs.get(name) if r.costs is not None else None
             if fixed is not None or cost is None:
                 best = (0.0, name, cap, found)
                 break
-            choice = choices[name] = cost.choose(cap, length, behind, r.remaining, alone=alone)
+            choice = choices[name] = cost.choose(cap, length, alone=alone)
             if choice.k and (best is None or choice.rate > best[0]):
                 best = (choice.rate, name, choice.k, found)
         if best is None:

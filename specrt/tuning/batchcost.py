@@ -11,7 +11,7 @@ on this machine (`BatchProfile`, interpolated between measured batch sizes) at t
 at the batch's longest row (`BatchProfiles`): the pass attends every row over that length, a cost per row
 that makes a plain step of many rows dearer at long contexts and speculation relatively cheaper there
 (native 1.5B, 8 rows: t(8, 2) / t(8, 1) = 1.52 at 64 tokens, 1.44 at 512). The round's rows first choose
-their k as if alone (costmodel.py: probes, catch-ups, plain-step timing, margins); the batch then takes the
+their k as if alone (costmodel.py: probes, plain-step timing, early stops); the batch then takes the
 common ceiling K on those choices that maximises gain / cost. While a batch's cores are idle between
 memory-bound steps, verify costs little and every row drafts its own k; as rows fill the cores, t(B, W)
 grows with B * W and K falls, to 0 (plain batching) when speculation would spend compute that batching

@@ -8,8 +8,8 @@ E(k) / (k t_draft + t_target(k + 1)), with the step costs of stepcost.py and the
 
 Deciding and learning are apart: `choose` and `keep_drafting` are queries (same state, same answer), and
 everything a round teaches goes through `RequestCosts.observe(outcome)`, once per round. Around the
-argmax, the `Policy` holds the rules that keep the estimates honest (each says why):
-- a **margin** (`min_gain`): a gain of 3% on paper is within the error of these estimates;
+argmax, the `Policy` holds the rules that keep the estimates honest; each stays because a benchmark shows
+it pays (removing it costs more than 3% of tokens/s on the real pair: results/layout/ablation-*.md):
 - **probes**: while speculation does not pay, acceptance gets no evidence, so after `probe_after` such
   rounds (backing off to `max_backoff` while probes fail) one round drafts the fewest tokens that could pay
   at an optimistic acceptance, at least one: a prompt that turns repetitive, or a draft that is faster than
@@ -18,12 +18,12 @@ argmax, the `Policy` holds the rules that keep the estimates honest (each says w
   for `plain_every` rounds and drafting promises less than `plain_margin` over it, one round decodes plain
   (a run that drafts from its first round otherwise prices plain steps from verify passes through the
   profile's t(2)/t(1): 1.17 profiled, 1.6 in the loop for the int4 target; k = 1 at 97% ran at 0.87x);
-- **the draft's catch-up**: a draft that sat out rounds must first feed the tokens it missed; returning to
-  drafting must save more than that over the tokens left, a probe may spend `probe_budget` of the plain
-  decoding time left on it (a probe must not need to pay on paper: it exists because the paper may be wrong);
 - **early stop** (`keep_drafting`): the chosen k is a ceiling for a draft model; after each draft token, its
   calibrated confidence says whether going on promises more than verifying now. It depends on the draft
   alone, so verification stays exact.
+Two rules were measured not to pay and are gone: a 3% margin drafting had to promise over plain decoding,
+and weighing a draft's catch-up (after rounds it sat out) against the tokens left (both within 1% on the
+int4 and native pairs, 8 prompts).
 This module knows nothing about sessions or the scheduler: it is handed numbers and asked questions.
 """
 
@@ -42,14 +42,11 @@ MODEL, NGRAM = "model", "ngram"  # the drafters
 class Policy:
     """The decision rule's constants (see the module docstring for why each exists)."""
 
-    min_gain: float = 0.03  # drafting must promise this much more tokens/ms than plain decoding
     probe_after: int | None = 8  # idle rounds before the first probe (None: never probe)
     max_backoff: int = 256
     probe_acceptance: float = 0.95
-    probe_budget: float = 0.02  # a probe's catch-up may cost this share of the plain decoding time left
     plain_every: int | None = 32  # None: never decode plain just to time it
     plain_margin: float = 0.3
-    weigh_catch_up: bool = True
     early_stop: bool = True
 
 
@@ -107,30 +104,23 @@ class CostModel:
             expected = sum(acceptance**i for i in range(k + 1))  # 1 + a + ... + a^k
         return expected / (k * self.draft_ms(context) + self.steps.ms(TARGET, k + 1, context))
 
-    def choose(
-        self, k_cap: int, context: int, behind: int = 1, remaining: int | None = None, alone: bool = True
-    ) -> Choice:
+    def choose(self, k_cap: int, context: int, alone: bool = True) -> Choice:
         """The k in 0..k_cap with the most expected tokens per millisecond (0: speculation does not pay).
-        behind: tokens the draft must feed before it can propose (1 when it kept up); remaining: tokens this
-        generation may still produce (None: unknown, catch-ups are not weighed); alone: the round runs at
-        batch 1, so its passes time the target (a batched round prices the batch, not a row: a plain step
-        taken there to time plain decoding would buy nothing)."""
+        alone: the round runs at batch 1, so its passes time the target (a batched round prices the batch,
+        not a row: a plain step taken there to time plain decoding would buy nothing)."""
         policy = self.policy
         if k_cap <= 0:
             return Choice(0, "none")
         rates = {k: self.tokens_per_ms(k, context) for k in range(k_cap + 1)}
-        k = max(rates, key=lambda j: (rates[j], -j))
-        catch_up = self._catch_up_ms(behind, context)
-        saves = remaining is None or remaining * (1 / rates[0] - 1 / rates[k]) > catch_up
-        if k and rates[k] > (1 + policy.min_gain) * rates[0] and saves:
+        k = max(rates, key=lambda j: (rates[j], -j))  # ties: the smaller k
+        if k:
             stale = alone and policy.plain_every is not None and self.steps.rounds_since_plain >= policy.plain_every
             if stale and rates[k] < (1 + policy.plain_margin) * rates[0]:
                 return Choice(0, "timing")
             return Choice(k, "pays", rates[k])
         if self.backoff is not None and self.idle + 1 >= self.backoff:
-            if remaining is None or catch_up <= policy.probe_budget * remaining / rates[0]:
-                j = self._probe_width(k_cap, context, (1 + policy.min_gain) * rates[0])
-                return Choice(j, "probe", rates[j])
+            j = self._probe_width(k_cap, context, rates[0])
+            return Choice(j, "probe", rates[j])
         return Choice(0, "idle")
 
     def _probe_width(self, k_cap: int, context: int, bar: float) -> int:
@@ -140,12 +130,6 @@ class CostModel:
         pass (on an int4 target t(9) is ~4 plain steps), a narrow one little more than a plain step."""
         optimistic = self.policy.probe_acceptance
         return next((j for j in range(1, k_cap + 1) if self.tokens_per_ms(j, context, optimistic) > bar), 1)
-
-    def _catch_up_ms(self, behind: int, context: int) -> float:
-        """The draft's catch-up on the `behind` tokens it missed beyond the usual one or two."""
-        if self.drafter != MODEL or behind <= 2 or not self.policy.weigh_catch_up:
-            return 0.0
-        return self.steps.catch_up_ms(behind, context)
 
     def keep_drafting(self, confidences: list[float], k: int, context: int) -> bool:
         """After drafting len(confidences) of at most k tokens (the draft's probability of each): draft another?

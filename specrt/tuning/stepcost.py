@@ -13,8 +13,12 @@ are learned from live timings, each for a reason:
   Drafting and verifying alternate two models on the same cores, so a verify pass runs with caches the draft
   has just evicted; learning one scale from both would make plain decoding look as slow as that and
   speculation win on paper. A kind not yet seen borrows its model's other kind's ratio.
-- Each estimate moves by at most a factor of 2 of itself per observation, smoothed (`decay`): one odd
-  timing (a page fault, a neighbour's burst) moves it by at most 20%, a lasting change wins within rounds.
+- **Live timings over stored ones**: the first live timing of each kind replaces the profile's estimate
+  outright (a profile measured while another job took the cores can be 5-10x off: with one stored 5x too
+  slow for the draft, bounded smoothing needed ~15 probes to correct it, and auto k ran at 0.75x of its
+  speed with a right profile). After that each estimate moves by at most a factor of 2 of itself per
+  observation, smoothed (`decay`): one odd timing (a page fault, a neighbour's burst) moves it by at most
+  20%, a lasting change wins within rounds.
 Observations come only from rounds that ran alone (a batched pass prices the batch, not a row).
 """
 
@@ -24,7 +28,6 @@ from collections.abc import Callable
 
 Profile = Callable[[int, int], float]  # (S new tokens, context) -> ms, measured offline on this machine
 TARGET, DRAFT = "target", "draft"
-CATCH_UP_WIDTH = 16  # the widest forward profiles price per token (measure.WIDTHS reaches it)
 
 
 def _kind(width: int) -> str:
@@ -55,12 +58,6 @@ class StepCosts:
     def ms(self, model: str, width: int, context: int) -> float:
         return self.profiles[model](width, context) * self.speed * self.ratio(model, _kind(width))
 
-    def catch_up_ms(self, tokens: int, context: int) -> float:
-        """The draft's forward over `tokens` it missed, priced per chunk at the widest profiled width (the
-        cheapest per token the profiles know)."""
-        chunk = min(tokens, CATCH_UP_WIDTH)
-        return self.ms(DRAFT, chunk, context) * tokens / chunk if tokens > 0 else 0.0
-
     def observe(self, model: str, width: int, context: int, ms: float) -> None:
         """A forward of `width` new tokens after `context` took `ms` (in a round that ran alone)."""
         profiled = self.profiles[model](width, context) if self.profiles[model] is not None else 0.0
@@ -75,9 +72,13 @@ class StepCosts:
                 self.speed, self.speed_from = live, "plain"
                 return
             if kind == "plain" or self.speed_from != "plain":
-                self.speed, self.speed_from = self._smooth(self.speed, live), kind
+                first = self.speed_from is None  # the first live timing: as measured
+                self.speed, self.speed_from = live if first else self._smooth(self.speed, live), kind
                 return
-        self.ratios[model, kind] = self._smooth(self.ratio(model, kind), live / self.speed)
+        if (model, kind) not in self.ratios:  # this kind's first live timing: as measured, not smoothed
+            self.ratios[model, kind] = live / self.speed
+        else:
+            self.ratios[model, kind] = self._smooth(self.ratios[model, kind], live / self.speed)
 
     def _smooth(self, current: float, observed: float) -> float:
         bounded = min(max(observed, 0.5 * current), 2.0 * current)
