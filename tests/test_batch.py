@@ -305,3 +305,34 @@ def test_measuring_profiles_at_admission_leaves_running_rows_alone(zoo, tmp_path
     assert running.token_ids == reference[p]
     assert auto.finish_reason == "max_new_tokens"
     assert any(f.name.endswith("-quick.json") for f in (target / "profiles").iterdir())  # measured, and saved
+
+
+def test_a_batch_always_gets_its_ceiling(zoo, tmp_path, monkeypatch):
+    """The batch's costs are built at the first admission, whatever its k, and read from the bundle whenever
+    they are stored: a server whose first request has a fixed k, or whose first requests arrive together,
+    must not leave its auto-k rows drafting as if each ran alone (before, only an auto-k request admitted
+    alone built them)."""
+    import shutil
+
+    from specrt.tuning import measure
+
+    no_profiles = shutil.ignore_patterns("profiles")
+    target = shutil.copytree(zoo.target(), tmp_path / "t", ignore=no_profiles)
+    draft = shutil.copytree(zoo.noisy_draft(), tmp_path / "d", ignore=no_profiles)
+    engine = specrt.load(target, draft, max_batch=2)
+    engine.complete("def f(x):", GenerationOptions(max_new_tokens=4, num_draft_tokens=2))  # a fixed k first
+    assert engine.scheduler.batch_cost is not None
+    assert list((target / "profiles").glob("*-batch.json")) and list((draft / "profiles").glob("*-batch.json"))
+
+    def no_measuring(*a, **k):
+        raise AssertionError("stored batch profiles were measured again")
+
+    monkeypatch.setattr(measure, "measure_batches", no_measuring)
+    again = specrt.load(target, draft, max_batch=2)
+    assert again._batch_cost(alone=False) is not None  # stored: read whatever else runs
+    jobs = [(p, GenerationOptions(max_new_tokens=6, ignore_eos=True)) for p in prompts(2)]  # auto k, together
+    out = run_concurrently(again, jobs, fill=True)
+    assert all(g.finish_reason == "max_new_tokens" for g in out) and again.scheduler.batch_cost is not None
+    # Nothing stored and others running: no measuring over their slots (the next lone admission measures).
+    fresh = specrt.load(shutil.copytree(zoo.target(), tmp_path / "t2", ignore=no_profiles), max_batch=2, ngram=True)
+    assert fresh._batch_cost(alone=False) is None

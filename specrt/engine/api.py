@@ -28,7 +28,7 @@ from ..options import GenerationOptions
 from ..runtime.session import ModelSession, SessionOptions
 from ..tuning.batchcost import BatchCost
 from ..tuning.costmodel import MODEL, NGRAM, Tuning
-from ..tuning.measure import batch_profile_for, profile_for
+from ..tuning.measure import batch_profile_for, profile_for, stored_batch_profile
 from ..tuning.stepcost import StepCosts
 from .generate import Generation
 from .request import Request
@@ -122,9 +122,11 @@ class Engine:
     # ------------------------------------------------------------------ cost models
 
     def _prepare(self, request: Request) -> None:
-        """At admission, in the scheduler thread: the request's own cost models (auto k). Profiles missing
-        for this machine are measured here, in the request's own slot before its prefill, and, for the
-        batch's costs, over every slot while no other request holds one."""
+        """At admission, in the scheduler thread: the batch's costs, and the request's own cost models (auto
+        k). Profiles missing for this machine are measured here: a request's in its own slot before its
+        prefill, the batch's over every slot while no other request holds one."""
+        if self.max_batch > 1 and self.scheduler.batch_cost is None and (self.draft or self.ngram):
+            self.scheduler.batch_cost = self._batch_cost(alone=len(self.scheduler.running) == 1)
         if request.options.num_draft_tokens is not None or not request.drafters:
             return
         options, context, slot = request.options, len(request.prompt), request.slot
@@ -132,10 +134,22 @@ class Engine:
             target = profile_for(self.target, options.max_draft_tokens + 1, context, slot)
             draft = profile_for(self.draft, 1, context, slot) if self.draft is not None else None  # its steps
             self.tuning.steps = StepCosts(target, draft)
-        if self.max_batch > 1 and self.scheduler.batch_cost is None and len(self.scheduler.running) == 1:
-            draft = batch_profile_for(self.draft) if self.draft is not None else None
-            self.scheduler.batch_cost = BatchCost(batch_profile_for(self.target), draft)
         request.costs = self.tuning.for_request([NGRAM if d is self.ngram else MODEL for d in request.drafters])
+
+    def _batch_cost(self, alone: bool) -> BatchCost | None:
+        """The batch's t(B, S): stored profiles whenever they exist (whatever runs), else measured while this
+        request is alone; with others already running (a server whose first requests arrived together) and
+        nothing stored, the next request admitted alone measures them. Built at the first admission, fixed
+        k or auto: rows of auto k may join at any time, and a batch must not draft as if each row were alone."""
+        sessions = [s for s in (self.target, self.draft) if s is not None]
+        stored = [stored_batch_profile(s) for s in sessions]
+        if all(p is not None for p in stored):
+            profiles = stored
+        elif alone:
+            profiles = [batch_profile_for(s) for s in sessions]
+        else:
+            return None
+        return BatchCost(profiles[0], profiles[1] if self.draft is not None else None)
 
     def reset(self) -> None:
         """Forget the cached contexts (the next prompts are prefilled from scratch)."""

@@ -246,10 +246,9 @@ def batch_profile_path(session: ModelSession) -> Path:
     return session.bundle.path / PROFILE_DIR / name
 
 
-def batch_profile_for(session: ModelSession) -> BatchProfiles:
-    """t(B, S) at the measured context lengths for this session's bundle on this machine: read from the
-    bundle, or measured now over all of the session's slots (the caller makes sure none holds a running
-    sequence) and saved. An older file (one context, fewer timed rounds) or a damaged one is measured again."""
+def stored_batch_profile(session: ModelSession) -> BatchProfiles | None:
+    """The bundle's t(B, S) for this machine and settings, if a current one is stored (an older file: one
+    context, fewer timed rounds, too few rows; or a damaged one, counts as none)."""
     path, slots = batch_profile_path(session), len(session.kv.rows)
     try:
         found = BatchProfiles([BatchProfile(**p) for p in json.loads(path.read_text())["profiles"]])
@@ -261,6 +260,16 @@ def batch_profile_for(session: ModelSession) -> BatchProfiles:
             return found
     except (OSError, ValueError, TypeError, KeyError, IndexError, RecursionError):
         pass
-    found = measure_batches(session, sorted({b for b in BATCHES if b <= slots} | {slots}))
-    _write(path, {"profiles": [asdict(p) for p in found.profiles]})
+    return None
+
+
+def batch_profile_for(session: ModelSession) -> BatchProfiles:
+    """t(B, S) at the measured context lengths for this session's bundle on this machine: the stored one, or
+    measured now over all of the session's slots (the caller makes sure none holds a running sequence) and
+    saved."""
+    found = stored_batch_profile(session)
+    if found is None:
+        slots = len(session.kv.rows)
+        found = measure_batches(session, sorted({b for b in BATCHES if b <= slots} | {slots}))
+        _write(batch_profile_path(session), {"profiles": [asdict(p) for p in found.profiles]})
     return found
