@@ -3,7 +3,7 @@
 
 Each configuration is a worker process holding one loaded engine: a specrt source tree (`--config
 NAME=ROOT`, e.g. a worktree of an older commit, to check that a change keeps the speed) and, for trees that
-have it, a tuning policy override (`NAME=ROOT:min_gain=0,early_stop=False` switches a heuristic of
+have it, a tuning policy override (`NAME=ROOT:plain_every=None,early_stop=False` switches a heuristic of
 specrt.tuning.costmodel.Policy off; `draft_profile_x=10` makes the stored draft profile 10x too slow, as if
 measured while another job took the cores). The parent sends every worker the same generation in turn, prompt by
 prompt and repeat by repeat, the order of the workers reversed every other time, so drift on a noisy machine
