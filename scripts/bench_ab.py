@@ -34,7 +34,11 @@ ROOT = kit.ROOT
 
 def worker(args: argparse.Namespace) -> None:
     import specrt
-    from specrt.bench import DEFAULT_PROMPTS
+
+    try:
+        from specrt.prompts import DEFAULT_PROMPTS
+    except ImportError:  # a source tree from before specrt/prompts.py
+        from specrt.bench import DEFAULT_PROMPTS
 
     engine = specrt.load(args.target, args.draft, threads=args.threads)
     policy = json.loads(args.policy) if args.policy else {}
@@ -105,7 +109,7 @@ def main() -> None:
         return worker(args)
     configs = [parse_config(c) for c in args.config] or [("current", str(ROOT), {})]
     sys.path.insert(0, str(ROOT))
-    from specrt.bench import DEFAULT_PROMPTS
+    from specrt.prompts import DEFAULT_PROMPTS
 
     names = args.prompts or [p.name for p in DEFAULT_PROMPTS]
     workers = {}

@@ -282,7 +282,8 @@ def worker_llamacpp(prompts: list[dict], n: int, repeats: int, ks: list[int]) ->
 
 def worker_specrt(prompts: list[dict], n: int, repeats: int, name: str) -> tuple[list[dict], dict]:
     import specrt
-    from specrt.bench import Prompt, run_bench
+    from specrt.bench import run_bench
+    from specrt.prompts import Prompt
 
     target, drafters, ks = SPECRT[name]
     draft = BUNDLES["draft-int4"] if "model" in drafters else None
@@ -352,7 +353,7 @@ def reused(config: str, args, prompts: list[dict]) -> dict:
 
 def prompt_set(path: Path | None) -> list[dict]:
     import specrt
-    from specrt.bench import DEFAULT_PROMPTS, load_prompts
+    from specrt.prompts import DEFAULT_PROMPTS, load_prompts
 
     prompts = load_prompts(path) if path else list(DEFAULT_PROMPTS)
     tok = specrt.open_bundle(BUNDLES["target-int4"]).load_tokenizer()

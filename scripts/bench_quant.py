@@ -308,7 +308,7 @@ def main() -> int:
     roles = ["target", "draft"] if args.role == "both" else [args.role]
     texts_file = args.out / "texts.json"  # the fp32 target's continuations: the text both roles are scored on
     if not texts_file.exists():
-        from specrt.bench import DEFAULT_PROMPTS
+        from specrt.prompts import DEFAULT_PROMPTS
 
         kit.log("reference continuations from the fp32 target")
         texts_file.write_text(json.dumps(reference_texts(reference_bundle("target"), DEFAULT_PROMPTS, 128)))

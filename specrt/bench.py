@@ -24,7 +24,7 @@ from .decoding.divergence import NEAR_TIE, divergence
 from .engine.api import Engine
 from .errors import OptionsError
 from .options import GenerationOptions
-from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts  # noqa: F401 (the benchmark's prompt set)
+from .prompts import Prompt
 from .tuning.measure import step_times
 
 

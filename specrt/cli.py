@@ -249,7 +249,8 @@ def generate(prompt, prompt_file, prompt_encoding, chat, system, stream, stats, 
 @click.option("--json", "json_out", type=PathType, default=None, help="Write results as JSON.")
 def bench(prompts_file, ks, max_new_tokens, repeats, warmup, temperature, seed, json_out, **kw):
     """Benchmark target-only against speculative decoding on the same prompts."""
-    from .bench import DEFAULT_PROMPTS, load_prompts, run_bench
+    from .bench import run_bench
+    from .prompts import DEFAULT_PROMPTS, load_prompts
 
     k_values = [DraftCount().convert(k.strip(), None, None) for k in ks.split(",") if k.strip()]
     prompts = load_prompts(prompts_file) if prompts_file else list(DEFAULT_PROMPTS)

@@ -125,7 +125,8 @@ class Engine:
         """At admission, in the scheduler thread: the batch's costs, and the request's own cost models (auto
         k). Profiles missing for this machine are measured here: a request's in its own slot before its
         prefill, the batch's over every slot while no other request holds one."""
-        if self.max_batch > 1 and self.scheduler.batch_cost is None and (self.draft or self.ngram):
+        drafts = self.draft is not None or self.ngram is not None
+        if self.max_batch > 1 and self.scheduler.batch_cost is None and drafts:
             self.scheduler.batch_cost = self._batch_cost(alone=len(self.scheduler.running) == 1)
         if request.options.num_draft_tokens is not None or not request.drafters:
             return

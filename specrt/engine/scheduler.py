@@ -264,7 +264,7 @@ class Scheduler:
                 cap, name = min(k_cap, self.runner.draft.max_len - length + 1), MODEL
             if cap <= 0:
                 continue
-            cost = r.costs.get(name) if r.costs is not None else None
+            cost = _cost(r, name)
             if fixed is not None or cost is None:
                 best = (0.0, name, cap, found)
                 break
@@ -281,14 +281,19 @@ class Scheduler:
         """Under auto k the chosen k is a ceiling: the draft stops early where its own confidence says the
         rest of the round would likely be rejected (a fixed k drafts exactly k). It depends on the draft
         alone, so verification stays exact."""
-        cost = r.costs.get(MODEL) if r.costs is not None else None
+        cost = _cost(r, MODEL)
         if cost is None or r.options.num_draft_tokens is not None:
             return True
         return cost.keep_drafting(confidences, k, len(r.tokens))
 
     @staticmethod
     def _expected(r: Request, drafter: str | None):
-        cost = r.costs.get(drafter) if r.costs is not None else None
+        cost = _cost(r, drafter)
         if cost is None:  # fixed k or no cost model: a neutral estimate
             return lambda k: 1.0 + 0.7 * k
         return cost.acceptance.expected_tokens
+
+
+def _cost(r: Request, drafter: str | None):
+    """The request's cost model for `drafter` (None: fixed k, or nothing that drafts)."""
+    return r.costs.get(drafter) if r.costs is not None else None

@@ -44,10 +44,6 @@ class StepCosts:
         self.ratios: dict[tuple[str, str], float] = {}  # (model, kind) -> live / (profile * speed)
         self.rounds_since_plain = 1 << 30  # target passes since the last plain step (none yet: "forever")
 
-    @property
-    def has_draft(self) -> bool:
-        return self.profiles[DRAFT] is not None
-
     def ratio(self, model: str, kind: str) -> float:
         if (model, kind) == (TARGET, "plain"):
             return 1.0
