@@ -171,7 +171,7 @@ class Scheduler:
         logits, target_ms = self.runner.target_pass([(r, p.proposal.tokens) for r, p in zip(rows, plans, strict=True)])
         if batch is not None:
             drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == MODEL for p in plans]
-            self.batch_cost.observe(batch, self.batch_cost.round_ms(drafted, model, context), draft_ms + target_ms)
+            self.batch_cost.observe(batch, drafted, model, context, draft_ms + target_ms)
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, row_logits in zip(rows, plans, logits, strict=True):

@@ -17,6 +17,15 @@ memory-bound steps, verify costs little and every row drafts its own k; as rows 
 grows with B * W and K falls, to 0 (plain batching) when speculation would spend compute that batching
 needs. The ceiling moves only when the new one promises `margin` more tokens/s than the current one, so
 a batch near the break-even point does not thrash between two values from round to round.
+
+The profile is corrected from the rounds the batch runs: per pass width W, the measured time of its rounds
+against the profile's prediction, smoothed (`ratios`; a width not yet run borrows the nearest one's). One
+ratio for all widths would only follow the machine's drift and leave the choice where it was (a common
+factor cancels in the argmax); per width it learns what the choice needs, how much a wider round really
+costs against a narrower one on this machine now. A width the batch does not run is not learned, so every
+`explore_every` rounds one round runs at the ceiling nearest the best whose width has not been timed in the
+last `stale_after` rounds (each width once, then again only when its timing has gone stale: a handful of
+rounds in a batch's life, each at a ceiling next to the best).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ class BatchChoice:
 
     ceiling: int
     ks: list[int]
+    explore: bool = False  # a round at an untimed width, to time it (the ceiling in force stays)
 
 
 @dataclass
@@ -41,8 +51,12 @@ class BatchCost:
     draft: BatchProfiles | BatchProfile | None
     margin: float = 0.05  # a new ceiling must promise this much more tokens/s than the current one
     decay: float = 0.8
-    ratio: float = 1.0  # live / profiled time of batched rounds, smoothed (the machine's drift)
+    ratios: dict[int, float] = field(default_factory=dict)  # pass width -> live / profiled round time, smoothed
+    explore_every: int = 16
+    stale_after: int = 256
     ceiling: int | None = None  # the K in force
+    rounds: int = 0  # batched rounds observed
+    timed: dict[int, int] = field(default_factory=dict)  # pass width -> the round it was last timed in
     history: list[int] = field(default_factory=list)  # K per batched round (for the no-flapping check)
 
     def __post_init__(self) -> None:
@@ -60,7 +74,13 @@ class BatchCost:
             for j in range(1, max(ks) + 1):
                 rows = sum(1 for k, d in zip(ks, drafting, strict=True) if d and k >= j)
                 ms += self.draft(rows, 1, context) if rows else 0.0
-        return ms * self.ratio
+        return ms * self.ratio(max(ks) + 1)
+
+    def ratio(self, width: int) -> float:
+        """Live / profiled time of rounds whose pass is `width` wide: learned, else the nearest learned width's."""
+        if width in self.ratios:
+            return self.ratios[width]
+        return self.ratios[min(self.ratios, key=lambda w: (abs(w - width), w))] if self.ratios else 1.0
 
     def choose(
         self,
@@ -88,15 +108,43 @@ class BatchCost:
         current = self.ceiling if self.ceiling is not None and self.ceiling in candidates else None
         if current is not None and candidates[current] * (1 + self.margin) >= candidates[best]:
             best = current  # not enough better to move
+        if self.timed and self.rounds % self.explore_every == self.explore_every - 1:
+            stale = [
+                k for k in candidates if self.rounds - self.timed.get(max(ks_for(k)) + 1, -(1 << 30)) > self.stale_after
+            ]
+            if stale:
+                near = min(stale, key=lambda k: (abs(k - best), k))
+                return BatchChoice(near, ks_for(near), explore=True)
         return BatchChoice(best, ks_for(best))
 
-    def observe(self, choice: BatchChoice, predicted_ms: float = 0.0, measured_ms: float = 0.0) -> None:
-        """A batched round ran under `choice`: its ceiling is now the one in force, and its measured time
-        against the predicted one moves the live ratio (the machine's drift)."""
-        self.ceiling = choice.ceiling
+    def observe(
+        self,
+        choice: BatchChoice,
+        drafted: Sequence[int] = (),
+        drafting: Sequence[bool] | None = None,
+        context: int | None = None,
+        measured_ms: float = 0.0,
+    ) -> None:
+        """A batched round ran under `choice` and drafted `drafted[r]` tokens per row (early stops may draft
+        fewer than chosen), in `measured_ms`: its ceiling is now the one in force, and its time against the
+        profile's sets the ratio of its pass width: the first timing of a width as measured, later ones by at
+        most 2x of itself per round (one disturbed round must not swing the choice)."""
+        if not choice.explore:
+            self.ceiling = choice.ceiling
         self.history.append(choice.ceiling)
         del self.history[:-1000]
-        if predicted_ms > 0 and measured_ms > 0:
-            observed = measured_ms / (predicted_ms / self.ratio)
-            bounded = min(max(observed, 0.5 * self.ratio), 2.0 * self.ratio)
-            self.ratio = self.decay * self.ratio + (1 - self.decay) * bounded
+        self.rounds += 1
+        if not drafted or measured_ms <= 0:
+            return
+        width = max(drafted) + 1
+        fresh = self.rounds - self.timed.get(width, -(1 << 30)) > self.stale_after  # untimed, or long ago
+        self.timed[width] = self.rounds
+        current = self.ratio(width)
+        profiled = self.round_ms(drafted, drafting, context) / current
+        if profiled <= 0:
+            return
+        if fresh:  # its first timing (in a while) as measured: what it borrowed was a guess
+            self.ratios[width] = measured_ms / profiled
+        else:
+            bounded = min(max(measured_ms / profiled, 0.5 * current), 2.0 * current)
+            self.ratios[width] = self.decay * current + (1 - self.decay) * bounded
