@@ -323,28 +323,28 @@ def serve(host, port, max_batch, max_queue, api_key, model_name, max_tokens, tem
     "cost model runs with); --no-spinning matches an engine loaded with --no-spinning.",
 )
 @click.option("--reps", type=int, default=3, show_default=True, help="Timed runs per point (median).")
-def profile(bundle, threads, spinning, reps):
+@click.option("--save-busy", is_flag=True, help="Store it even if other processes held the CPUs while timing.")
+def profile(bundle, threads, spinning, reps, save_busy):
     """Measure step time for 1..16 new tokens at several context lengths; store it in the bundle."""
-    _profile_bundle(bundle, lambda line: click.echo(line, err=True), threads, spinning, reps)
+    _profile_bundle(bundle, lambda line: click.echo(line, err=True), threads, spinning, reps, save_busy)
 
 
-def _profile_bundle(bundle: Path, log, threads: int = 0, spinning: bool = True, reps: int = 3) -> None:
+def _profile_bundle(
+    bundle: Path, log, threads: int = 0, spinning: bool = True, reps: int = 3, save_busy: bool = False
+) -> None:
     from .bundle.loading import open_bundle
     from .runtime.session import ModelSession, SessionOptions
-    from .tuning.measure import measure, save_profile
+    from .tuning.measure import busy, measure, save_profile
 
     log(f"profiling {bundle} (step time for 1..16 new tokens at several context lengths) ...")
     options = SessionOptions(intra_op_threads=threads, allow_spinning=spinning, spin_between_runs=False)
     session = ModelSession(open_bundle(bundle), options)
     prof = measure(session, reps=reps)
-    where = save_profile(bundle, prof)
-    click.echo(f"cost profile ({prof.settings}), ms per forward; columns: new tokens S")
-    click.echo("context " + "".join(f"{w:>8}" for w in prof.widths))
-    for c, row in zip(prof.contexts, prof.ms, strict=True):
-        click.echo(f"{c:>7} " + "".join(f"{v:8.1f}" for v in row))
-    c = prof.contexts[0]
-    ratios = " ".join(f"{w}:{prof(w, c) / prof(1, c):.2f}" for w in (2, 3, 5, 9, 16) if w in prof.widths)
-    click.echo(f"t(S)/t(1) at context {c}: {ratios}")
+    where = save_profile(bundle, prof, even_if_busy=save_busy)
+    click.echo(prof.table())
+    if busy(prof.others_share) and not save_busy:
+        note = f"other processes took {prof.others_share:.0%} of the CPUs while timing (twice): not saved; rerun "
+        return log(f"warning: {note}`specrt profile {bundle}` on a quiet machine, or add --save-busy if always busy")
     click.echo(f"saved to {where}" if where else "bundle folder is read-only: profile not saved")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -28,8 +29,8 @@ from ..options import GenerationOptions
 from ..runtime.session import ModelSession, SessionOptions
 from ..tuning.batchcost import BatchCost
 from ..tuning.costmodel import MODEL, NGRAM, Tuning
-from ..tuning.measure import batch_profile_for, profile_for, stored_batch_profile
-from ..tuning.stepcost import StepCosts
+from ..tuning.measure import batch_profile_for, measure, profile_for, save_profile, settings_key, stored_batch_profile
+from ..tuning.stepcost import DRAFT, TARGET, StepCosts
 from .generate import Generation
 from .request import Request
 from .runner import Runner
@@ -72,6 +73,7 @@ class Engine:
         # Learned across generations, deliberately (see Tuning): the step costs are built at the first auto-k
         # generation; a later, larger max_draft_tokens reads widths past the profile by extrapolation.
         self.tuning = Tuning()
+        self._remeasured: Counter[str] = Counter()  # profiles measured again, per model (StepCosts.wrong)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -88,17 +90,21 @@ class Engine:
                 self._thread.start()
 
     def _loop(self) -> None:
-        """Rounds while there is work; the thread ends when there is none (the next submit starts another),
-        so an idle engine holds no thread and can be garbage-collected."""
+        """Rounds while there is work; then the idle moment's upkeep, if any; the thread ends when there is
+        neither (the next submit starts another), so an idle engine holds no thread and can be collected."""
         scheduler = self.scheduler
         while True:
             with self._lock:
                 self._wake.clear()
                 while not self._inbox.empty():
                     scheduler.submit(self._inbox.get())
-                if not scheduler.has_work():
+                idle = not scheduler.has_work()
+                if idle and not self._wrong_profiles():
                     self._thread = None
                     return
+            if idle:  # outside the lock: requests submitted meanwhile wait in the inbox
+                self._remeasure(self._wrong_profiles())
+                continue
             try:
                 scheduler.step()
             except BaseException as e:  # a bug in a round: fail its requests, keep serving the others
@@ -136,6 +142,34 @@ class Engine:
             draft = profile_for(self.draft, 1, context, slot) if self.draft is not None else None  # its steps
             self.tuning.steps = StepCosts(target, draft)
         request.costs = self.tuning.for_request([NGRAM if d is self.ngram else MODEL for d in request.drafters])
+
+    def _wrong_profiles(self) -> list[str]:
+        steps = self.tuning.steps
+        return [m for m in steps.wrong() if self._remeasured[m] < 2] if steps is not None else []
+
+    def _remeasure(self, models: list[str]) -> None:
+        """Measure again the profiles that live timings proved wrong (StepCosts.wrong), in the idle moment
+        after the requests that proved it: widths 1..9 (auto k's default range), at one context,
+        in the slot holding the shortest cached prefix (about a second for a 1.5B int4 target on 2 cores; a
+        request arriving meanwhile waits). The new profile replaces the old in memory and, when the machine
+        was quiet, in the bundle; the step costs start learning afresh from it. At most twice per model."""
+        steps, sessions = self.tuning.steps, {TARGET: self.target, DRAFT: self.draft}
+        profiles = dict(steps.profiles)
+        for model in models:
+            self._remeasured[model] += 1
+            session, old = sessions[model], steps.profiles[model]
+            slot = min(range(self.max_batch), key=lambda i: session.kv.rows[i].length)
+            widths = [w for w in old.widths if w <= 9] if model == TARGET else [1]
+            try:
+                fresh = measure(session, widths=widths, contexts=old.contexts[:1], reps=2, slot=slot, tries=1)
+            except Exception:  # noqa: BLE001 - keep serving on the old profile and the live corrections
+                continue
+            if self.draft is not None:  # the other model's slot no longer matches this one's
+                sessions[DRAFT if model == TARGET else TARGET].kv.rows[slot].reset()
+            fresh.settings = settings_key(session.options)
+            save_profile(session.bundle.path, fresh)
+            profiles[model] = fresh
+        self.tuning.steps = StepCosts(profiles[TARGET], profiles[DRAFT])
 
     def _batch_cost(self, alone: bool) -> BatchCost | None:
         """The batch's t(B, S): stored profiles whenever they exist (whatever runs), else measured while this

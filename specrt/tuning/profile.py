@@ -47,10 +47,20 @@ class CostProfile:
     widths: list[int]
     ms: list[list[float]]  # ms[context index][width index], medians
     created: str = ""
+    others_share: float | None = None  # share of the CPUs other processes took while it was measured
 
     def __call__(self, width: int, context: int) -> float:
         """t(width) at `context` tokens: linear in context between measured points, flat outside."""
         return _between(self.contexts, [at_width(self.widths, r, width) for r in self.ms], context)
+
+    def table(self) -> str:
+        """The profile as the text `specrt profile` prints."""
+        lines = [f"cost profile ({self.settings}), ms per forward; columns: new tokens S"]
+        lines.append("context " + "".join(f"{w:>8}" for w in self.widths))
+        lines += [f"{c:>7} " + "".join(f"{v:8.1f}" for v in row) for c, row in zip(self.contexts, self.ms, strict=True)]
+        c = self.contexts[0]
+        ratios = " ".join(f"{w}:{self(w, c) / self(1, c):.2f}" for w in (2, 3, 5, 9, 16) if w in self.widths)
+        return "\n".join([*lines, f"t(S)/t(1) at context {c}: {ratios}"])
 
 
 @dataclass
@@ -80,6 +90,7 @@ class BatchProfiles:
     longer context adds attention reads per row; never less than the shortest context's time)."""
 
     profiles: list[BatchProfile]  # by increasing context
+    others_share: float | None = None  # share of the CPUs other processes took while they were measured
 
     def __call__(self, batch: int, width: int, context: int | None = None) -> float:
         ps = self.profiles
@@ -131,4 +142,8 @@ def well_formed(p: CostProfile | BatchProfile | BatchProfiles) -> bool:
         and _ascending(p.contexts, 0)
         and _ascending(p.widths, 1)
         and _times(p.ms, len(p.contexts), len(p.widths))
+        and (
+            p.others_share is None
+            or (isinstance(p.others_share, (int, float)) and not isinstance(p.others_share, bool))
+        )
     )

@@ -20,14 +20,22 @@ are learned from live timings, each for a reason:
   observation, smoothed (`decay`): one odd timing (a page fault, a neighbour's burst) moves it by at most
   20%, a lasting change wins within rounds.
 Observations come only from rounds that ran alone (a batched pass prices the batch, not a row).
+
+Learning corrects the estimates but not the file: the next engine would start from the same wrong profile.
+So once a model's live step time has settled more than `WRONG`-fold away from its profile (`wrong()`; the
+machine's drift here is up to 2x, so less proves nothing), the engine measures that model again in its
+next idle moment and keeps the new profile (engine/api.py).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 Profile = Callable[[int, int], float]  # (S new tokens, context) -> ms, measured offline on this machine
 TARGET, DRAFT = "target", "draft"
+WRONG = 2.5  # live / profiled time of a model's steps beyond this factor (either way): the profile is wrong
+SETTLED = 4  # observations of a model's steps before its profile is judged
 
 
 def _kind(width: int) -> str:
@@ -43,6 +51,16 @@ class StepCosts:
         self.speed_from: str | None = None  # the kind that set the speed: None (the profile), "wide", "plain"
         self.ratios: dict[tuple[str, str], float] = {}  # (model, kind) -> live / (profile * speed)
         self.rounds_since_plain = 1 << 30  # target passes since the last plain step (none yet: "forever")
+        self.seen: Counter[str] = Counter()  # observations per model
+
+    def live_factor(self, model: str) -> float:
+        """Live / profiled time of this model's steps as learned so far (1.0: as profiled)."""
+        return self.speed * (self.ratio(model, "plain") if model == DRAFT else 1.0)
+
+    def wrong(self) -> list[str]:
+        """The models whose profile the live timings have proven wrong (more than WRONG-fold off, after
+        SETTLED observations): to be measured again."""
+        return [m for m in (TARGET, DRAFT) if self.seen[m] >= SETTLED and not 1 / WRONG <= self.live_factor(m) <= WRONG]
 
     def ratio(self, model: str, kind: str) -> float:
         if (model, kind) == (TARGET, "plain"):
@@ -60,6 +78,7 @@ class StepCosts:
         if not (self.learn and profiled > 0 and ms > 0):
             return
         live, kind = ms / profiled, _kind(width)
+        self.seen[model] += 1
         if model == TARGET:
             self.rounds_since_plain = 0 if kind == "plain" else self.rounds_since_plain + 1
             if kind == "plain" and self.speed_from != "plain":

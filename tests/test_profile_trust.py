@@ -1,0 +1,178 @@
+"""Profiles that cannot be trusted: one measured while other processes held the CPUs is not stored, one
+that live timings prove wrong is measured again, and a batch learns what its rounds really cost per width."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import specrt
+from specrt.runtime.session import ModelSession, SessionOptions
+from specrt.tuning import machineload
+from specrt.tuning.batchcost import BatchCost
+from specrt.tuning.measure import load_profile, measure, profile_path, save_profile, watched
+from specrt.tuning.profile import BatchProfile, CostProfile
+from specrt.tuning.stepcost import DRAFT, SETTLED, TARGET, WRONG, StepCosts
+
+
+def flat(ms_per_width: dict[int, float], context: int = 64) -> CostProfile:
+    widths = sorted(ms_per_width)
+    return CostProfile({}, "t0-nospin", [context], widths, [[ms_per_width[w] for w in widths]])
+
+
+class Burners:
+    """Busy-looping processes on every core, for the length of a `with` block (killed on the way out)."""
+
+    def __enter__(self):
+        n = max(__import__("os").cpu_count() or 1, 1)
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+        time.sleep(0.5)  # scheduled and spinning
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.wait(timeout=10)
+
+
+# ------------------------------------------------------------------ measured under load
+
+
+def test_others_share_from_cpu_accounts():
+    """(all CPU time, idle) of the machine and this process's own time, in ticks: the others' share is the
+    busy time that was not ours, over all CPU time."""
+    before = ((1000, 600), 50)
+    assert machineload.others_share(before, ((1200, 700), 90)) == pytest.approx((200 - 100 - 40) / 200)
+    assert machineload.others_share(before, ((1200, 790), 60)) == pytest.approx(0.0)  # a quiet machine
+    assert machineload.others_share(before, ((1200, 600), 50)) == 1.0  # others took every tick
+    assert machineload.others_share((None, 50), ((1200, 700), 90)) is None  # the platform does not say
+    assert machineload.others_share(before, before) is None  # no time passed
+
+
+@pytest.mark.machine_load
+def test_a_neighbour_on_every_core_is_seen_and_the_measurement_repeated():
+    calls = []
+
+    def once():
+        calls.append(1)
+        time.sleep(0.4)
+        return {"cell": 1.0}
+
+    with Burners():
+        ms, share = watched(once, tries=2)
+    assert ms == {"cell": 1.0} and len(calls) == 2  # busy: measured again, still busy
+    assert share is not None and share > 0.4, share  # a busy loop per core takes at least half the CPUs
+
+
+@pytest.mark.machine_load
+def test_a_profile_measured_under_load_is_not_stored(zoo, tmp_path):
+    bundle = shutil.copytree(zoo.target(), tmp_path / "b", ignore=shutil.ignore_patterns("profiles"))
+    session = ModelSession(specrt.open_bundle(bundle), SessionOptions(allow_spinning=False))
+    with Burners():
+        prof = measure(session, widths=list(range(1, 17)), contexts=[16, 64], reps=8, tries=1)
+    assert prof.others_share > machineload.BUSY_SHARE, prof.others_share
+    assert save_profile(bundle, prof) is None and not (bundle / "profiles").exists()
+    assert load_profile(bundle, session.options) is None  # the engine measures again when it needs one
+    assert save_profile(bundle, prof, even_if_busy=True) == profile_path(bundle, prof)  # asked for: stored
+
+
+@pytest.mark.machine_load
+def test_specrt_profile_under_load_warns_and_stores_nothing(zoo, tmp_path):
+    from click.testing import CliRunner
+
+    from specrt.cli import cli
+
+    bundle = shutil.copytree(zoo.target(), tmp_path / "b", ignore=shutil.ignore_patterns("profiles"))
+    with Burners():
+        result = CliRunner().invoke(cli, ["profile", str(bundle), "--reps", "6"])
+    assert result.exit_code == 0, result.output
+    assert "of the CPUs while timing" in result.output and "--save-busy" in result.output, result.output
+    assert not (bundle / "profiles").exists()
+
+
+# ------------------------------------------------------------------ proven wrong by live timings
+
+
+def test_live_timings_far_from_the_profile_prove_it_wrong():
+    steps = StepCosts(flat({1: 30.0, 2: 35.0}), flat({1: 100.0}))  # the draft's profile: 10x too slow
+    for _ in range(SETTLED - 1):
+        steps.observe(DRAFT, 1, 64, 10.0)
+        steps.observe(TARGET, 1, 64, 33.0)
+    assert steps.wrong() == []  # not settled yet
+    steps.observe(DRAFT, 1, 64, 10.0)
+    steps.observe(TARGET, 1, 64, 33.0)
+    assert steps.wrong() == [DRAFT]  # the target is 10% off: drift, not a wrong profile
+    drifting = StepCosts(flat({1: 30.0}), flat({1: 10.0}))
+    for _ in range(3 * SETTLED):  # the whole machine 2x slower than profiled: within what drift does here
+        drifting.observe(TARGET, 1, 64, 60.0)
+        drifting.observe(DRAFT, 1, 64, 20.0)
+    assert drifting.wrong() == [] and WRONG > 2
+
+
+def test_a_profile_proven_wrong_is_measured_again_when_idle(zoo, tmp_path):
+    """A draft bundle whose stored profile says its step takes 10x what it does: once live timings have
+    proven it, the engine measures the draft again in its idle moment, stores that, and starts afresh."""
+    target = shutil.copytree(zoo.target(), tmp_path / "t")
+    draft = shutil.copytree(zoo.small_draft(), tmp_path / "d", ignore=shutil.ignore_patterns("profiles"))
+    options = SessionOptions(allow_spinning=False)
+    session = ModelSession(specrt.open_bundle(draft), options)
+    true = measure(session, widths=[1], contexts=[16], reps=3)
+    del session
+    wrong = CostProfile(**{**true.__dict__, "ms": [[10 * v for v in row] for row in true.ms]})
+    path = save_profile(draft, wrong)
+    engine = specrt.load(target, draft, spinning=False)
+    engine.complete("hello", specrt.GenerationOptions(max_new_tokens=4))  # builds the step costs
+    engine.reset()  # its scheduler thread has ended
+    steps = engine.tuning.steps
+    assert steps.profiles[DRAFT] == wrong
+    for _ in range(SETTLED):  # what the rounds of a request that drafted teach (live draft steps)
+        steps.observe(TARGET, 1, 16, steps.profiles[TARGET](1, 16))
+        steps.observe(DRAFT, 1, 16, true(1, 16))
+    assert steps.wrong() == [DRAFT]
+    out = engine.complete("hello again", specrt.GenerationOptions(max_new_tokens=4))
+    engine.reset()  # waits for the idle moment's work
+    fresh = engine.tuning.steps
+    assert fresh is not steps and fresh.wrong() == [] and fresh.profiles[TARGET] == steps.profiles[TARGET]
+    assert fresh.profiles[DRAFT](1, 16) < 3 * true(1, 16), (fresh.profiles[DRAFT], true)
+    stored = CostProfile(**json.loads(path.read_text()))
+    assert stored == fresh.profiles[DRAFT]  # the bundle's file now holds the new measurement
+    assert out.finish_reason == "max_new_tokens"
+    # The engine goes on serving from the new profile.
+    assert engine.complete("and again", specrt.GenerationOptions(max_new_tokens=4)).finish_reason == "max_new_tokens"
+
+
+# ------------------------------------------------------------------ a batch learns its rounds' cost per width
+
+
+def batch_profile(per_width: dict[int, float]) -> BatchProfile:
+    widths = sorted(per_width)
+    return BatchProfile([1, 4], widths, [[per_width[w] / 4 for w in widths], [per_width[w] for w in widths]], 64, 4)
+
+
+def test_a_batch_learns_that_wide_rounds_cost_more_than_profiled():
+    """The profile says a 4-row pass costs the same at every width (speculation free): K = 3. The rounds
+    it runs at width 4 take 3x the profile's time; the batch's ratio for that width learns it and the
+    ceiling falls, while a common factor for all widths (the machine's drift) would change nothing."""
+    cost = BatchCost(batch_profile({w: 40.0 for w in range(1, 5)}), None)
+    expected = [lambda k: 1 + 0.6 * k] * 4
+
+    def rounds(n: int, measured) -> list[int]:
+        ceilings = []
+        for _ in range(n):
+            choice = cost.choose([3] * 4, expected, [False] * 4, [False] * 4)
+            ks = choice.ks
+            cost.observe(choice, ks, [False] * 4, None, measured(max(ks) + 1))
+            ceilings.append(choice.ceiling)
+        return ceilings
+
+    drift = rounds(10, lambda w: 2 * 40.0)  # everything 2x slower: the choice stays
+    assert drift == [3] * 10 and cost.ratio(4) > 1.5 and cost.ratio(1) == cost.ratio(4)  # borrowed
+    learned = rounds(80, lambda w: 40.0 * (1 + 0.9 * (w - 1)))  # a wide pass costs what it computes
+    assert learned[0] == 3 and learned[-1] == 0, learned  # at acceptance 0.6 plain batching wins
+    assert sorted(cost.timed) == [1, 2, 3, 4]  # every width timed, by a few exploring rounds
+    assert sum(1 for a, b in zip(learned, learned[1:], strict=False) if a != b) <= 8, learned  # no flapping
