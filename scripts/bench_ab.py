@@ -1,16 +1,18 @@
 #!/usr/bin/env python
 """A/B benchmark: several engine configurations on the same prompts, interleaved, in one run.
 
-Each configuration is a worker process holding one loaded engine: a specrt source tree (`--config
-NAME=ROOT`, e.g. a worktree of an older commit, to check that a change keeps the speed) and, for trees that
-have it, a tuning policy override (`NAME=ROOT:plain_every=None,early_stop=False` switches a heuristic of
-specrt.tuning.costmodel.Policy off; `draft_profile_x=10` makes the stored draft profile 10x too slow, as if
-measured while another job took the cores). The parent sends every worker the same generation in turn, prompt by
-prompt and repeat by repeat, the order of the workers reversed every other time, so drift on a noisy machine
-hits every configuration alike; idle workers do not spin (a draft is loaded, so threads stop between runs).
-It reports tokens/s per prompt (median of repeats, end to end, caches cleared before each run) and each
-configuration's ratio to the first one, per prompt and overall (median of the per-repeat ratios), and whether
-greedy outputs were equal.
+Each configuration is a worker process holding one loaded engine: a specrt source tree (`--config NAME=ROOT`,
+e.g. a worktree of an older commit, to check that a change keeps the speed) and, for trees that have it, a
+tuning policy override (`NAME=ROOT:plain_every=None,early_stop=False` switches a heuristic of
+specrt.tuning.costmodel.Policy off), a fixed k (`k=3`; auto otherwise), and stored profiles as an export on a
+busy machine leaves them (`target_profile_x=5,draft_profile_x=11`: the worker loads hard-linked copies of the
+bundles whose stored profiles are that many times too slow, scripts/busy_bundles.py; the copies live in a
+temporary folder, so what the engine stores after measuring again never touches the originals). The parent
+sends every worker the same generation in turn, prompt by prompt and repeat by repeat, the order of the
+workers reversed every other time, so drift on a noisy machine hits every configuration alike; idle workers do
+not spin (a draft is loaded, so threads stop between runs). It reports tokens/s per prompt (median of repeats,
+end to end, caches cleared before each run) and each configuration's ratio to the first one, per prompt and
+overall (median of the per-repeat ratios), and whether greedy outputs were equal.
 
     python scripts/bench_ab.py --target engines/qwen2.5-coder-1.5b-int4 --draft engines/qwen2.5-coder-0.5b-int4 \\
         --config old=/tmp/specrt-old --config new=. --repeats 3 --out results/layout/int4.json
@@ -40,9 +42,18 @@ def worker(args: argparse.Namespace) -> None:
     except ImportError:  # a source tree from before specrt/prompts.py
         from specrt.bench import DEFAULT_PROMPTS
 
-    engine = specrt.load(args.target, args.draft, threads=args.threads)
     policy = json.loads(args.policy) if args.policy else {}
-    wrong = policy.pop("draft_profile_x", None)  # a stored draft profile this many times too slow
+    fixed_k = policy.pop("k", None)
+    factors = {role: policy.pop(f"{role}_profile_x", None) for role in ("target", "draft")}
+    bundles = {"target": args.target, "draft": args.draft}
+    if any(factors.values()):
+        import tempfile
+
+        from busy_bundles import scaled_copy
+
+        tmp = Path(tempfile.mkdtemp(prefix="specrt-busy-"))
+        bundles = {role: scaled_copy(bundles[role], factors[role] or 1.0, tmp / role) for role in bundles}
+    engine = specrt.load(bundles["target"], bundles["draft"], threads=args.threads)
     if policy:
         from dataclasses import replace
 
@@ -50,18 +61,16 @@ def worker(args: argparse.Namespace) -> None:
     prompts = {p.name: p for p in DEFAULT_PROMPTS}
     # Warm-up: the first generation of a fresh engine pages in weights and sizes buffers (and measures profiles).
     engine.complete("def warm_up():", specrt.GenerationOptions(max_new_tokens=16, ignore_eos=True))
-    if wrong is not None:  # as if the profile had been measured while another job took the cores
-        from specrt.tuning.stepcost import DRAFT, StepCosts
-
-        steps = engine.tuning.steps
-        measured = steps.profiles[DRAFT]
-        engine.tuning.steps = StepCosts(steps.profiles["target"], lambda w, c: wrong * measured(w, c))
     print(json.dumps({"ready": specrt.__file__}), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
         p = prompts[job["prompt"]]
         options = specrt.GenerationOptions(
-            max_new_tokens=job["max_new_tokens"], temperature=job["temperature"], seed=0, ignore_eos=True
+            max_new_tokens=job["max_new_tokens"],
+            temperature=job["temperature"],
+            seed=0,
+            ignore_eos=True,
+            num_draft_tokens=fixed_k,
         )
         engine.reset()
         ids = engine.encode(p.text, chat=p.chat)

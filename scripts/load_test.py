@@ -214,7 +214,8 @@ def suite(args) -> list[dict]:
     at each concurrency, INTERLEAVED: the three specrt servers run for the whole suite, the two llama-servers
     for each level (-np c); a level's requests are split into `--rounds` parts and every server takes each
     part in turn (order reversed every other part), so that this machine's drift falls on all of them alike.
-    Every server gets the same requests (prompt i, seed + i) and one untimed warm-up."""
+    Every server gets the same requests (prompt i, seed + i) and one untimed warm-up: a server started cold
+    whose first `--cold-burst` requests arrive together (its costs must be ready without a quiet moment)."""
     rows = []
     levels = args.concurrency
     if 1 in levels:
@@ -236,7 +237,9 @@ def suite(args) -> list[dict]:
         except RuntimeError as e:
             sys.exit(str(e))
         args.url = servers[name][1]
-        run_level(args, 1, 2)  # warm-up
+        t0 = time.time()
+        run_level(args, args.cold_burst, args.cold_burst)  # warm-up: the first requests arrive together
+        kit.log(f"{name}: first {args.cold_burst} requests together took {time.time() - t0:.1f} s")
         kit.log(f"started {name}")
 
     try:
@@ -366,6 +369,7 @@ def main() -> int:
     parser.add_argument("--draft", default=str(kit.ROOT / "engines/qwen2.5-coder-0.5b-int4"))
     parser.add_argument("--fixed-k", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2, help="suite: parts of each level the servers alternate on")
+    parser.add_argument("--cold-burst", type=int, default=8, help="suite: warm-up requests arriving together")
     parser.add_argument("--out", type=Path, default=kit.ROOT / "results/serve")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

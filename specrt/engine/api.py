@@ -159,9 +159,10 @@ class Engine:
             self._remeasured[model] += 1
             session, old = sessions[model], steps.profiles[model]
             slot = min(range(self.max_batch), key=lambda i: session.kv.rows[i].length)
-            widths = [w for w in old.widths if w <= 9] if model == TARGET else [1]
+            widths = [w for w in getattr(old, "widths", range(1, 10)) if w <= 9] if model == TARGET else [1]
+            contexts = getattr(old, "contexts", [64])[:1]
             try:
-                fresh = measure(session, widths=widths, contexts=old.contexts[:1], reps=2, slot=slot, tries=1)
+                fresh = measure(session, widths=widths, contexts=contexts, reps=2, slot=slot, tries=1)
             except Exception:  # noqa: BLE001 - keep serving on the old profile and the live corrections
                 continue
             if self.draft is not None:  # the other model's slot no longer matches this one's
