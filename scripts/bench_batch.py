@@ -13,6 +13,10 @@ int4 draft). Reported per cell: total output tokens/s (all tokens over the wall 
 per-request tokens/s (median), time to first token p50 / p99, the k chosen per round and the batch sizes
 seen, and the process's peak RSS. llama-server (built by scripts/build_llamacpp.sh) runs the same
 requests on the GGUF pair with -np c, plain and with --model-draft (draft-simple, k = 5), when built.
+OpenVINO GenAI's ContinuousBatchingPipeline (scripts/peer_openvino.py, its own venv, prepared when needed)
+runs them too, on the GGUF target and on its int4 IR of it (--openvino-targets), plain and with its int4 IR
+draft (k = 3), at most c requests in flight (about 10 minutes per target and configuration; --no-openvino
+skips it).
 
 The batch-1 engine of the commit before the batch engine (--baseline REV, run from a git worktree in a
 child process) is measured at concurrency 1 on the same prompts, alternating with this engine, for the
@@ -30,6 +34,7 @@ import time
 from pathlib import Path
 
 import benchkit as kit
+import peer_openvino as ov
 
 BUNDLES = {
     "fp32": kit.ROOT / "engines/graphs/target-fp32-standard",
@@ -191,6 +196,41 @@ def llamacpp_level(url: str, tok, concurrency: int, temperature: float, n: int |
         return {"ttft": (first or end) - t0, "s": end - t0, "tokens": tokens or NEW_TOKENS}
 
     return summary(*kit.run_clients(request, enumerate(kit.mixed_prompts(n or 2 * concurrency)), concurrency))
+
+
+# ---------------------------------------------------------------- OpenVINO GenAI
+
+
+def run_openvino(out: Path, levels: list[int], temperatures: list[float], targets: list[str]) -> list[dict]:
+    """Each OpenVINO configuration in a child process under its venv (its peak RSS is its own), fed the same
+    token ids as llama-server gets (specrt's tokenizer; any bundle of the target has it)."""
+    import specrt
+
+    ov.prepare()
+    bundle = next((b for b in (BUNDLES["int4"], kit.ROOT / "engines/qwen2.5-coder-1.5b-int4") if b.exists()), None)
+    if bundle is None:
+        sys.exit(f"error: no target bundle for the prompts' token ids: export {BUNDLES['int4']} (scripts/demo.sh)")
+    tok = specrt.open_bundle(bundle).load_tokenizer()
+    prompts = [tok.encode_chat(t) if chat else tok.encode(t) for t, chat, _ in kit.mixed_prompts(2 * max(levels))]
+    (out / "openvino-prompts.json").write_text(json.dumps(prompts))
+    rows = []
+    for target in targets:
+        for config in ov.BATCH_CONFIGS:
+            raw = out / f"raw-openvino-{target}-k{ov.BATCH_CONFIGS[config]}.json"
+            cmd = [str(ov.PYTHON), __file__, "--worker", f"openvino-{target}", "--openvino-config", config]
+            cmd += ["--out", str(out), "--concurrency", *map(str, levels), "--temperatures", *map(str, temperatures)]
+            code, peak = kit.wait_child(subprocess.Popen(cmd))
+            if code != 0:
+                sys.exit(f"error: the OpenVINO {target} {config} worker exited {code}; see its output above")
+            rows += [r | {"peak_rss_gib": peak} for r in json.loads(raw.read_text())]
+    return rows
+
+
+def openvino_worker(target: str, config: str, out: Path, levels: list[int], temperatures: list[float]) -> None:
+    """Under the OpenVINO venv: one configuration's rows into <out>/raw-openvino-<target>-k<k>.json."""
+    prompts = json.loads((out / "openvino-prompts.json").read_text())
+    rows = ov.worker_batch(target, config, levels, temperatures, prompts, NEW_TOKENS, summary)
+    (out / f"raw-openvino-{target}-k{ov.BATCH_CONFIGS[config]}.json").write_text(json.dumps(rows))
 
 
 # ---------------------------------------------------------------- batch 1: this engine against the one before it
@@ -362,6 +402,8 @@ def main() -> int:
     parser.add_argument("--concurrency", nargs="*", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--temperatures", nargs="*", type=float, default=[0.0, 0.7])
     parser.add_argument("--no-llamacpp", action="store_true")
+    parser.add_argument("--no-openvino", action="store_true")
+    parser.add_argument("--openvino-targets", nargs="*", default=["gguf", "ir"], choices=["gguf", "ir"])
     parser.add_argument("--no-fit", action="store_true", help="skip the t(B, S) model comparison")
     parser.add_argument("--no-baseline", action="store_true", help="skip the batch-1 comparison with the old engine")
     parser.add_argument("--baseline", default=None, help="git revision of the engine to compare batch 1 with")
@@ -372,16 +414,27 @@ def main() -> int:
         "raw-<target>.json (after `--worker <target>` re-measured one target)",
     )
     parser.add_argument("--only-llamacpp", action="store_true", help="measure llama-server again into <out>")
+    parser.add_argument("--only-openvino", action="store_true", help="measure OpenVINO again into <out>")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--openvino-config", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.worker and args.worker.startswith("openvino-"):  # under the OpenVINO venv
+        target = args.worker.removeprefix("openvino-")
+        openvino_worker(target, args.openvino_config, args.out, args.concurrency, args.temperatures)
+        return 0
     if args.worker:
         worker(args.worker, args.concurrency, args.temperatures, args.out / f"raw-{args.worker}.json")
         return 0
-    if args.only_llamacpp:  # llama-server measured again, the rest of <out>/batch.json kept
+    if args.only_llamacpp or args.only_openvino:  # one peer measured again, the rest of <out>/batch.json kept
         data = json.loads((args.out / "batch.json").read_text())
-        rows = [r for r in data["rows"] if r["target"] in ("int4", "fp32")]
-        rows += run_llamacpp(args.concurrency, args.temperatures)
+        if args.only_llamacpp:
+            rows = [r for r in data["rows"] if not r["config"].startswith("llama-server")]
+            rows += run_llamacpp(args.concurrency, args.temperatures)
+        else:
+            again = {ov.BATCH_TARGETS[t] for t in args.openvino_targets}
+            rows = [r for r in data["rows"] if r["target"] not in again]
+            rows += run_openvino(args.out, args.concurrency, args.temperatures, args.openvino_targets)
         write(args.out, data["command"], rows, data["batch_one"], data["fits"])
         return 0
     if args.report_only:
@@ -392,7 +445,7 @@ def main() -> int:
             if raw.is_file():
                 got = json.loads(raw.read_text())
                 rows += [r | {"peak_rss_gib": got["peak_rss_gib"]} for r in got["rows"]]
-        rows += [r for r in data["rows"] if r["target"] not in ("int4", "fp32")]  # llama-server's
+        rows += [r for r in data["rows"] if r["target"] not in ("int4", "fp32")]  # the peers'
         write(args.out, data["command"], rows, data["batch_one"], data["fits"])
         return 0
     rows = []
@@ -404,6 +457,8 @@ def main() -> int:
         rows += [r | {"peak_rss_gib": data["peak_rss_gib"]} for r in data["rows"]]
     if not args.no_llamacpp:
         rows += run_llamacpp(args.concurrency, args.temperatures)
+    if not args.no_openvino:
+        rows += run_openvino(args.out, args.concurrency, args.temperatures, args.openvino_targets)
     fits = [fit_report(name, BUNDLES[name]) for name in (*args.targets, "draft")] if not args.no_fit else []
     rev = args.baseline or baseline_revision()
     batch_one = [compare_batch_one(target, rev) for target in args.targets] if not args.no_baseline else []

@@ -11,6 +11,10 @@ of specrt's tokenizer, which encodes exactly as transformers' GGUF tokenizer doe
   genai-int4               onnxruntime-genai int4 target alone, and with its int4 draft (k = 3, 5)
   llamacpp                 llama.cpp's llama-server on the GGUF target alone, and with the GGUF draft
                            (draft-simple, k = 3, 5); built once by scripts/build_llamacpp.sh
+  openvino-gguf            OpenVINO GenAI reading the GGUF target itself, alone; with its int4 IR draft at
+                           k = 3, 5 (num_assistant_tokens) and dynamic (assistant_confidence_threshold 0.4);
+                           and prompt lookup (k = 3, 5, n-grams up to 3); see scripts/peer_openvino.py
+  openvino-ir              the same modes on OpenVINO's own int4 IR of the target (optimum-intel)
   specrt-fp32              specrt fp32 target alone, and with the int4 draft for each k
   specrt-int4              specrt int4 target alone, and with the int4 draft for each k
   specrt-native            specrt GGUF-native target (the file's own Q4_K/Q6_K blocks) alone, and with the
@@ -27,7 +31,10 @@ with specrt); the report names them and when they were measured.
 
 Inputs: the GGUFs from scripts/fetch_models.py and the specrt bundles from scripts/demo.sh. The peers need
 Hugging Face folders, made once from the GGUFs (models/hf/), and onnxruntime-genai models built once with
-its own builder from those folders (engines/genai/); both are skipped when present.
+its own builder from those folders (engines/genai/); both are skipped when present. The OpenVINO rows run
+under a venv of their own with IRs converted from those folders, made once outside the repository by
+`.venv/bin/python scripts/peer_openvino.py prepare` (also called here when needed). Their greedy-equality
+lines compare each speculative and lookup row with OpenVINO's own target-only output.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import time
 from pathlib import Path
 
 import benchkit as kit
+import peer_openvino as ov
 
 HF = {role: kit.ROOT / "models/hf" / path.stem for role, path in kit.GGUF.items()}
 BUNDLES = {
@@ -61,7 +69,7 @@ SPECRT = {
     "specrt-fp32-both": ("fp32", ["ngram", "model"], [None]),
     "specrt-int4-both": ("int4", ["ngram", "model"], [None]),
 }
-CONFIGS = ["transformers-fp32", "transformers-assisted", "genai-int4", "llamacpp", *SPECRT]
+CONFIGS = ["transformers-fp32", "transformers-assisted", "genai-int4", "llamacpp", *ov.PEER_TARGETS, *SPECRT]
 LLAMACPP_KS = [3, 5]
 
 
@@ -301,10 +309,11 @@ def worker_specrt(prompts: list[dict], n: int, repeats: int, name: str) -> tuple
 
 
 def run_worker(config: str, args, prompts_file: Path) -> dict:
-    """Run one configuration in a child process; return its rows plus its own peak RSS."""
+    """Run one configuration in a child process (OpenVINO's under its own venv); return its rows plus its own
+    peak RSS."""
     out = args.out / "raw" / f"{config}.json"
     cmd = [
-        sys.executable,
+        str(ov.PYTHON) if config in ov.PEER_TARGETS else sys.executable,
         __file__,
         "--worker",
         config,
@@ -403,6 +412,8 @@ def main() -> int:
             result["rows"] = worker_genai(prompts, n, args.repeats, [3, 5])
         elif args.worker == "llamacpp":
             result["rows"] = worker_llamacpp(prompts, n, args.repeats, LLAMACPP_KS)
+        elif args.worker in ov.PEER_TARGETS:
+            result["rows"] = ov.worker_peers(args.worker, prompts, n, args.repeats)
         else:
             result["rows"], result["step_ms"] = worker_specrt(prompts, n, args.repeats, args.worker)
         result["peak_rss_gib"] = kit.peak_rss_gib()  # the child's own, kept in its raw file (so --reuse has it)
@@ -425,6 +436,8 @@ def main() -> int:
         prepare_hf_folders()
     if "genai-int4" in configs and not prepare_genai():
         configs = [c for c in configs if c != "genai-int4"]
+    if any(c in ov.PEER_TARGETS for c in configs if c not in args.reuse):
+        ov.prepare()
     prompts = prompt_set(args.prompts)
     prompts_file = args.out / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))

@@ -23,6 +23,13 @@ def _label(family: str, config: str) -> str:
         return "genai int4 target" if config == "target-only" else f"genai int4 + int4 draft, {config}"
     if family == "llamacpp":
         return "llama.cpp Q4_K_M target" if config == "target-only" else f"llama.cpp + GGUF draft, {config}"
+    if family.startswith("openvino-"):
+        target = {"openvino-gguf": "OpenVINO GGUF", "openvino-ir": "OpenVINO int4 IR"}[family]
+        if config == "target-only":
+            return f"{target} target"
+        if config.startswith("lookup"):
+            return f"{target} + prompt lookup, {config.split()[-1]}"
+        return f"{target} + int4 IR draft, {config}"
     target = family.split("-")[1]  # specrt-<target>[-ngram|-both]
     drafter = {"ngram": "n-gram", "both": "n-gram + int4 draft"}.get(family.split("-")[-1], "int4 draft")
     return f"specrt {target} target" if config == "target-only" else f"specrt {target} + {drafter}, {config}"
@@ -51,6 +58,14 @@ def _fp32_target():
     return ModelSession(specrt.open_bundle(kit.ROOT / "engines/qwen2.5-coder-1.5b-fp32"))
 
 
+def _eos_ids() -> list[int]:
+    """The target's end-of-sequence ids, from the int4 bundle's manifest (every run has that bundle: the
+    prompts are encoded with its tokenizer; the fp32 one is only opened for divergence margins)."""
+    import specrt
+
+    return specrt.open_bundle(kit.ROOT / "engines/qwen2.5-coder-1.5b-int4").manifest.tokenizer.eos_token_ids
+
+
 def equality_checks(rows: list[dict], prompts: list[dict]) -> list[str]:
     """Greedy outputs that must match, and where they do not, the position and the target's margin."""
     by = {(r["label"], r["prompt"]): r for r in rows}
@@ -64,7 +79,13 @@ def equality_checks(rows: list[dict], prompts: list[dict]) -> list[str]:
     # bundle's margins: the GGUF's weights in fp32 arithmetic).
     pairs += [("llama.cpp Q4_K_M target", "specrt native target")]
     pairs += [(r["label"], "llama.cpp Q4_K_M target") for r in rows if r["label"].startswith("llama.cpp +")]
-    eos = set(_fp32_target().bundle.manifest.tokenizer.eos_token_ids)
+    # OpenVINO's speculative and lookup rows against its own target alone (bf16 activations on AVX512-BF16
+    # CPUs: near-ties may round differently between a one-token step and a verify step); its GGUF target
+    # against llama.cpp on the same file.
+    for family in ("OpenVINO GGUF", "OpenVINO int4 IR"):
+        pairs += [(r["label"], f"{family} target") for r in rows if r["label"].startswith(f"{family} +")]
+    pairs += [("OpenVINO GGUF target", "llama.cpp Q4_K_M target")]
+    eos = set(_eos_ids())
     lines = []
     for a, b in dict.fromkeys(pairs):
         found = [p for p in ids if (a, p) in by and (b, p) in by]
@@ -219,6 +240,16 @@ def targets(rows: list[dict], names: list[str]) -> list[str]:
                 f"{r['prompt']} {r['tokens_per_s'] / plain[r['prompt']]:.2f}x" for r in spec if r["config"] == config
             ]
             lines.append(f"- llama.cpp speculative {config} / llama.cpp plain: " + ", ".join(ratios))
+    for family in ("openvino-gguf", "openvino-ir"):
+        alone = {r["prompt"]: r["tokens_per_s"] for r in rows if r["family"] == family and r["config"] == "target-only"}
+        spec = [r for r in rows if r["family"] == family and r["config"] != "target-only" and r["prompt"] in alone]
+        for config in dict.fromkeys(r["config"] for r in spec):
+            mine = [r for r in spec if r["config"] == config]
+            ratios = [f"{r['prompt']} {r['tokens_per_s'] / alone[r['prompt']]:.2f}x" for r in mine]
+            lines.append(f"- {family} {config} / its target alone: " + ", ".join(ratios))
+        if plain and alone:
+            ratios = [f"{p} {alone[p] / plain[p]:.2f}x" for p in names if p in alone and p in plain]
+            lines.append(f"- {family} target alone / llama.cpp plain: " + ", ".join(ratios))
     genai = [r for r in rows if r["family"] == "genai-int4" and r["config"] != "target-only"]
     ratios = []
     for p in names:
