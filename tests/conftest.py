@@ -88,6 +88,7 @@ def quiet_machine(request, monkeypatch):
         from specrt.tuning import machineload
 
         monkeypatch.setattr(machineload, "snapshot", lambda: ((0, 0), 0))  # no time passes: share unknown
+        monkeypatch.setattr(machineload, "MIN_WINDOW_S", 0.0)
 
 
 @pytest.hookimpl(hookwrapper=True)

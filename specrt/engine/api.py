@@ -29,7 +29,15 @@ from ..options import GenerationOptions
 from ..runtime.session import ModelSession, SessionOptions
 from ..tuning.batchcost import BatchCost
 from ..tuning.costmodel import MODEL, NGRAM, Tuning
-from ..tuning.measure import batch_profile_for, measure, profile_for, save_profile, settings_key, stored_batch_profile
+from ..tuning.measure import (
+    batch_profile_for,
+    busy,
+    measure,
+    profile_for,
+    save_profile,
+    settings_key,
+    stored_batch_profile,
+)
 from ..tuning.stepcost import DRAFT, TARGET, StepCosts
 from .generate import Generation
 from .request import Request
@@ -151,8 +159,9 @@ class Engine:
         """Measure again the profiles that live timings proved wrong (StepCosts.wrong), in the idle moment
         after the requests that proved it: widths 1..9 (auto k's default range), at one context,
         in the slot holding the shortest cached prefix (about a second for a 1.5B int4 target on 2 cores; a
-        request arriving meanwhile waits). The new profile replaces the old in memory and, when the machine
-        was quiet, in the bundle; the step costs start learning afresh from it. At most twice per model."""
+        request arriving meanwhile waits). Measured on a quiet machine, the new profile replaces the old in
+        memory and in the bundle, and the step costs start learning afresh from it; measured while other
+        processes held the CPUs, it is dropped (the live corrections go on). At most twice per model."""
         steps, sessions = self.tuning.steps, {TARGET: self.target, DRAFT: self.draft}
         profiles = dict(steps.profiles)
         for model in models:
@@ -167,10 +176,13 @@ class Engine:
                 continue
             if self.draft is not None:  # the other model's slot no longer matches this one's
                 sessions[DRAFT if model == TARGET else TARGET].kv.rows[slot].reset()
+            if busy(fresh.others_share):  # no better than the old one: keep it and the live corrections
+                continue
             fresh.settings = settings_key(session.options)
             save_profile(session.bundle.path, fresh)
             profiles[model] = fresh
-        self.tuning.steps = StepCosts(profiles[TARGET], profiles[DRAFT])
+        if profiles != steps.profiles:
+            self.tuning.steps = StepCosts(profiles[TARGET], profiles[DRAFT])
 
     def _batch_cost(self, alone: bool) -> BatchCost | None:
         """The batch's t(B, S): stored profiles whenever they exist (whatever runs), else measured while this
