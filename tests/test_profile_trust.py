@@ -186,3 +186,20 @@ def test_a_batch_learns_that_wide_rounds_cost_more_than_profiled():
     assert learned[0] == 3 and learned[-1] == 0, learned  # at acceptance 0.6 plain batching wins
     assert sorted(cost.timed) == [1, 2, 3, 4]  # every width timed, by a few exploring rounds
     assert sum(1 for a, b in zip(learned, learned[1:], strict=False) if a != b) <= 8, learned  # no flapping
+
+
+def test_a_batch_where_plain_wins_explores_only_next_to_it():
+    """8 rows that fill the cores (a pass costs what it computes): K = 0 is right, and the rounds spent timing
+    other widths are few and next to it (timing every width up to 9 cost 7% of plain batching)."""
+    per_width = {w: 40.0 * w for w in range(1, 10)}
+    cost = BatchCost(batch_profile(per_width), None)
+    expected = [lambda k: 1 + 0.8 * k] * 8
+    explored = []
+    for _ in range(600):
+        choice = cost.choose([8] * 8, expected, [False] * 8, [False] * 8)
+        cost.observe(choice, choice.ks, [False] * 8, None, per_width[max(choice.ks) + 1])
+        if choice.explore:
+            explored.append(choice.ceiling)
+        else:
+            assert choice.ceiling == 0
+    assert set(explored) == {1} and len(explored) <= 3, explored  # K = 1, once per 256 rounds
