@@ -36,10 +36,10 @@ from pathlib import Path
 import benchkit as kit
 import peer_openvino as ov
 
-BUNDLES = {
-    "fp32": kit.ROOT / "engines/graphs/target-fp32-standard",
-    "int4": kit.ROOT / "engines/graphs/target-int4-standard",
-    "draft": kit.ROOT / "engines/graphs/draft-int4-standard",
+BUNDLES = {  # the bundles scripts/demo.sh exports (standard graph)
+    "fp32": kit.ROOT / "engines/qwen2.5-coder-1.5b-fp32",
+    "int4": kit.ROOT / "engines/qwen2.5-coder-1.5b-int4",
+    "draft": kit.ROOT / "engines/qwen2.5-coder-0.5b-int4",
 }
 CONFIGS = {"plain": 0, "k=3": 3, "k=5": 5, "auto": None}
 NEW_TOKENS = 128
