@@ -18,6 +18,8 @@ from ..errors import ExportError, UnsupportedModelError
 from .archs import ArchSpec, lookup
 from .attention import FLAVOURS
 from .progress import Progress
+from .sampler import FOLDER as SAMPLER_FOLDER
+from .sampler import write_samplers
 from .source import Checkpoint, HFCheckpoint
 
 QUANT_METHODS = {"none": None, "int8": 8, "int4": 4, "native": None}
@@ -178,13 +180,14 @@ def _prepare_out(out: Path, model_path: Path, overwrite: bool) -> None:
         present = {p.name for p in out.iterdir()}
         if MANIFEST_FILE in present and not overwrite:
             raise ExportError(f"{out} already holds a bundle; pass --overwrite to replace it")
-        foreign = present - set(_BUNDLE_FILES) - {MANIFEST_FILE + ".tmp", PROFILE_DIR}
+        foreign = present - set(_BUNDLE_FILES) - {MANIFEST_FILE + ".tmp", PROFILE_DIR, SAMPLER_FOLDER}
         if foreign:
             raise ExportError(
                 f"{out} holds other files ({', '.join(sorted(foreign)[:3])}); export into an empty folder"
             )
         (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is no longer a bundle until we finish
         shutil.rmtree(out / PROFILE_DIR, ignore_errors=True)  # timings of the graph being replaced
+        shutil.rmtree(out / SAMPLER_FOLDER, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -249,10 +252,13 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
                     ckpt, out, manifest, gated=quant.method == "none" and not quant.lm_head_bits, progress=progress
                 )
             manifest = replace(manifest, validation=v)
+        with progress.stage("writing the sampler graphs"):
+            samplers = write_samplers(out)
         # Last: what each file is, so the runtime can tell a changed file from the exported one.
         files = [record(out, graph.model_file, "graph"), record(out, graph.data_file, "weights", weights_sha256)]
         kinds = {TOKENIZER_FILE: "tokenizer", tokenizer.chat_template: "chat_template"}
         files += [record(out, name, kinds[name]) for name in tokenizer.files]
+        files += [record(out, name, "graph") for name in samplers]
         manifest = replace(manifest, files=files)
         manifest.write(out)
     except BaseException:

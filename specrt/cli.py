@@ -29,12 +29,11 @@ class DraftCount(click.ParamType):
     name = "auto|N"
 
     def convert(self, value, param, ctx):
-        if value is None or value == "auto":
-            return None
-        try:
-            return int(value)
-        except ValueError:
+        if value is None or value == "auto" or isinstance(value, int):
+            return None if value in (None, "auto") else value
+        if not value.lstrip("-").isdigit():
             self.fail(f"{value!r} is not 'auto' or an integer", param, ctx)
+        return int(value)
 
 
 def engine_options(f):
@@ -50,12 +49,8 @@ def engine_options(f):
                 "promising more drafts each round; fixed k: n-gram first).",
             ),
             click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True),
-            click.option(
-                "--threads", type=int, default=0, show_default=True, help="Target intra-op threads (0: auto)."
-            ),
-            click.option(
-                "--draft-threads", type=int, default=None, help="Draft intra-op threads [default: --threads]."
-            ),
+            click.option("--threads", type=int, default=0, show_default=True, help="Target threads (0: auto)."),
+            click.option("--draft-threads", type=int, default=None, help="Draft threads [default: --threads]."),
             click.option(
                 "--spinning/--no-spinning",
                 default=True,
@@ -388,6 +383,15 @@ def verify(bundle):
     if bad:
         more = f" ({len(bad) - 1} more files differ)" if len(bad) > 1 else ""
         raise BundleError(bad[0].problem(folder) + more)
+
+
+@cli.command()
+@click.argument("bundle", type=PathType)
+def upgrade(bundle):
+    """Add the sampler graphs to a bundle exported before them, in place (needs the [export] extra)."""
+    from .export.sampler import add_samplers
+
+    click.echo(add_samplers(bundle))
 
 
 def main(argv: list[str] | None = None) -> None:

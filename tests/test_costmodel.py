@@ -206,13 +206,14 @@ def test_a_misjudged_draft_cost_is_corrected_by_probes():
 def _runner_request(zoo, prompt, options=None):
     """A runner over the tiny target (as target and as draft) and a request holding slot 0."""
     from specrt import GenerationOptions, open_bundle
+    from specrt.engine.decide import HostDecider
     from specrt.engine.request import Request
     from specrt.engine.runner import Runner
 
     target, draft = (ModelSession(open_bundle(zoo.target()), SessionOptions(allow_spinning=False)) for _ in range(2))
     r = Request(prompt, options or GenerationOptions(), set(), target.max_len)
     r.slot = 0
-    return Runner(target, draft), r
+    return Runner(target, draft, HostDecider()), r
 
 
 def test_a_draft_profile_far_too_slow_is_corrected_by_the_first_probe():
@@ -231,13 +232,13 @@ def test_draft_step_time_leaves_out_catch_up(zoo, monkeypatch):
     import time
 
     runner, r = _runner_request(zoo, list(range(3, 40)))
-    real = runner.draft.run
+    real = runner.draft.run_logits
 
     def run(slots, ids, keep):  # a catch-up (a wide row) is made to cost 50 ms, a draft step 1 ms
         time.sleep(0.05 if max(len(x) for x in ids) > 2 else 0.001)
         return real(slots, ids, keep)
 
-    monkeypatch.setattr(runner.draft, "run", run)
+    monkeypatch.setattr(runner.draft, "run_logits", run)
     p = runner.propose([(r, 3)], lambda *a: True)[r.id]
     assert len(p.tokens) == 3 and runner.draft.kv.rows[0].length == len(r.tokens) + 2
     assert p.step_ms is not None and p.step_ms < 25  # the 37-token catch-up is not a draft step

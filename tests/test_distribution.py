@@ -15,6 +15,7 @@ deliberately broken acceptance rules (the mutations below), proving it can catch
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -32,11 +33,25 @@ DELTA = 1e-6
 
 @pytest.fixture(scope="module")
 def engine(zoo):
+    """Decisions in the bundle's sampler graphs (the default path)."""
     zoo.checkpoint("small-vocab-target", "llama", vocab_size=VOCAB, layers=2, seed=11, init_range=0.3)
     zoo.checkpoint("small-vocab-draft", noise_from="small-vocab-target", vocab_size=VOCAB, noise=0.1, seed=12)
     target = zoo.bundle("small-vocab-target", "small-vocab-target")
     draft = zoo.bundle("small-vocab-draft", "small-vocab-draft", role="draft")
-    return specrt.load(target, draft)
+    e = specrt.load(target, draft)
+    assert e.stats["sampler"] == "graph"
+    return e
+
+
+@pytest.fixture(scope="module")
+def host_engine(engine):
+    """The same pair with decisions in numpy on logits read back (the reference path)."""
+    return specrt.load(engine.target.bundle.path, engine.draft.bundle.path, sampler="host")
+
+
+@pytest.fixture(scope="module")
+def engines(engine, host_engine):
+    return {"graph": engine, "host": host_engine}
 
 
 _EXACT: dict = {}  # (target, N, warp) -> the exact distribution: it depends on nothing else
@@ -62,7 +77,8 @@ def _exact(engine, options) -> np.ndarray:
     def next_token(prefix: tuple[int, ...]) -> np.ndarray:
         row.truncate(base)
         logits = session.forward([PROMPT[-1], *prefix], keep=1)
-        return warp(logits[-1:], options.temperature, options.top_k, options.top_p)[0]
+        p = warp(logits[-1:], options.temperature, options.top_k, options.top_p)[0].astype(np.float64)
+        return p / p.sum()  # the sampler's float32 probabilities, renormalised in float64
 
     def walk(prefix: tuple[int, ...], mass: float) -> None:
         p = next_token(prefix)
@@ -111,12 +127,14 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
-def test_speculative_sampling_matches_target(engine, setting):
+@pytest.mark.parametrize("setting,path", [("plain", "graph"), ("warped", "graph"), ("warped", "host")], ids=lambda x: x)
+def test_speculative_sampling_matches_target(engines, setting, path):
+    """The graph path (the default) in both settings; the numpy reference path with top-k and top-p."""
+    engine = engines[path]
     options = GenerationOptions(max_new_tokens=NEW, num_draft_tokens=2, ignore_eos=True, **SETTINGS[setting])
     exact = exact_distribution(engine, options)
     assert math.isclose(exact.sum(), 1.0, rel_tol=1e-9)
-    counts = sample_counts(engine, options, 30_000)
+    counts = sample_counts(engine, options, 20_000 if path == "graph" else 15_000)
     report = distance_report(exact, counts)
     assert not failed(report), report
     # The draft really disagrees with the target, so rejections and residual resampling were exercised.
@@ -127,33 +145,56 @@ def test_speculative_sampling_matches_target(engine, setting):
     assert 0.2 < gen.stats.acceptance_rate < 0.95, gen.stats.acceptance_rate
 
 
-def _accept_always(p_target, p_draft):
-    return 1.0
+def _accept_always(p_x, q_x, u):
+    return True
 
 
-def _inverted_ratio(p_target, p_draft):
-    return min(1.0, p_draft / p_target) if p_target > 0 else 1.0
+def _inverted_ratio(p_x, q_x, u):
+    return u * p_x < q_x
 
 
 def _resample_from_target(p_target, p_draft):
-    return np.asarray(p_target, np.float64)
+    return np.asarray(p_target, np.float32)
 
 
+# numpy's rules, broken by replacing a function of decoding.speculative (the host path)
 MUTATIONS = {
-    "accept every draft": ("acceptance_probability", _accept_always),
-    "acceptance ratio inverted (q/p)": ("acceptance_probability", _inverted_ratio),
+    "accept every draft": ("accepted", _accept_always),
+    "acceptance ratio inverted (q/p)": ("accepted", _inverted_ratio),
     "resample from p instead of the residual (p-q)+": ("residual", _resample_from_target),
 }
+# the graph's rules, broken by building verify_sampled with a wrong rule (the graph path); its residual taken
+# from p is caught over several rounds and in a batch below
+GRAPH_MUTATIONS = {"accept every draft": "accept_all"}
 
 
-@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
-def test_broken_acceptance_rule_is_caught(engine, monkeypatch, mutation):
-    name, broken = MUTATIONS[mutation]
+@contextmanager
+def broken_graph(engine, rule: str):
+    """The engine's sampled verification swapped for one built with a deliberately wrong rule."""
+    from specrt.export.sampler import verify_sampled
+
+    sampler = engine.decider.sampler
+    old = sampler.swap("verify_sampled", verify_sampled(rule).SerializeToString())
+    try:
+        yield
+    finally:
+        sampler.swap("verify_sampled", old)
+
+
+@pytest.mark.parametrize(
+    "path,mutation", [("host", m) for m in sorted(MUTATIONS)] + [("graph", m) for m in sorted(GRAPH_MUTATIONS)]
+)
+def test_broken_acceptance_rule_is_caught(engines, monkeypatch, path, mutation):
+    engine = engines[path]
     options = GenerationOptions(max_new_tokens=NEW, num_draft_tokens=2, ignore_eos=True, temperature=1.0)
     exact = exact_distribution(engine, options)
-    monkeypatch.setattr(speculative, name, broken)
-    report = distance_report(exact, sample_counts(engine, options, 10_000))
-    assert failed(report), f"the distribution check did not notice '{mutation}': {report}"
+    if path == "host":
+        monkeypatch.setattr(speculative, *MUTATIONS[mutation])
+        report = distance_report(exact, sample_counts(engine, options, 10_000))
+    else:
+        with broken_graph(engine, GRAPH_MUTATIONS[mutation]):
+            report = distance_report(exact, sample_counts(engine, options, 10_000))
+    assert failed(report), f"the distribution check did not notice '{mutation}' ({path}): {report}"
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +251,7 @@ def test_other_drafting_modes_match_target(engine, lookup_engines, variant, monk
     options = GenerationOptions(
         max_new_tokens=NEW, num_draft_tokens=k, max_draft_tokens=2, ignore_eos=True, temperature=1.0
     )
-    report = distance_report(exact_distribution(e, options), sample_counts(e, options, 15_000))
+    report = distance_report(exact_distribution(e, options), sample_counts(e, options, 10_000))
     assert not failed(report), report
     gen = e.complete(
         PROMPT * 3, GenerationOptions(max_new_tokens=300, num_draft_tokens=k, ignore_eos=True, temperature=1.0, seed=1)
@@ -240,21 +281,20 @@ def test_several_rounds_match_target(engine, k):
     counts = sample_counts(engine, options, 10_000)
     report = distance_report(exact_distribution(engine, options), counts)
     assert not failed(report), report
-    gen = engine.complete(PROMPT, GenerationOptions(**{**options.__dict__, "seed": 0}))
-    assert gen.stats.rounds >= 2 and gen.stats.drafted > gen.stats.accepted  # several rounds, a rejection
+    gens = [engine.complete(PROMPT, GenerationOptions(**{**options.__dict__, "seed": s})).stats for s in range(20)]
+    assert all(g.rounds >= 2 for g in gens) and any(g.drafted > g.accepted for g in gens)  # rounds, rejections
 
 
-def report_with_broken_residual(engine, monkeypatch, new: int, k: int, sampler, n: int):
-    """The distance report of n samples drawn with the residual replaced by p (a wrong sampler)."""
-    name, broken = MUTATIONS["resample from p instead of the residual (p-q)+"]
+def report_with_broken_residual(engine, new: int, k: int, sampler, n: int):
+    """The distance report of n samples drawn with the residual replaced by p (a wrong sampler graph)."""
     options = GenerationOptions(max_new_tokens=new, num_draft_tokens=k, ignore_eos=True, temperature=1.0)
     exact = exact_distribution(engine, options)
-    monkeypatch.setattr(speculative, name, broken)
-    return distance_report(exact, sampler(engine, options, n))
+    with broken_graph(engine, "residual_p"):
+        return distance_report(exact, sampler(engine, options, n))
 
 
-def test_broken_rule_is_caught_over_several_rounds(engine, monkeypatch):
-    report = report_with_broken_residual(engine, monkeypatch, SEVERAL, 3, sample_counts, 8_000)
+def test_broken_rule_is_caught_over_several_rounds(engine):
+    report = report_with_broken_residual(engine, SEVERAL, 3, sample_counts, 8_000)
     assert failed(report), f"the check over several rounds did not notice the broken rule: {report}"
 
 
@@ -316,6 +356,6 @@ def test_batched_speculative_sampling_matches_target(batch_engine):
     assert not failed(report), report
 
 
-def test_broken_acceptance_rule_is_caught_in_a_batch(batch_engine, monkeypatch):
-    report = report_with_broken_residual(batch_engine, monkeypatch, NEW, 2, sample_counts_batched, 10_000)
+def test_broken_acceptance_rule_is_caught_in_a_batch(batch_engine):
+    report = report_with_broken_residual(batch_engine, NEW, 2, sample_counts_batched, 10_000)
     assert failed(report), f"the distribution check did not notice the broken rule in a batch: {report}"

@@ -57,7 +57,9 @@ def engines(zoo):
         "small": specrt.load(target, zoo.small_draft()),
         "ngram": specrt.load(target, ngram=True),
         "ngram+noisy": specrt.load(target, zoo.noisy_draft(), ngram=True),
+        "noisy on the host": specrt.load(target, zoo.noisy_draft(), sampler="host"),  # numpy decisions
     }
+    assert all(e.stats["sampler"] == "graph" for name, e in engines.items() if "host" not in name)
     return {name: drafting_pays(e) for name, e in engines.items()}
 
 
@@ -73,7 +75,7 @@ def test_enough_prompts():
     assert len(PROMPTS) >= 20
 
 
-@pytest.mark.parametrize("draft", ["self", "noisy", "small", "ngram", "ngram+noisy"])
+@pytest.mark.parametrize("draft", ["self", "noisy", "small", "ngram", "ngram+noisy", "noisy on the host"])
 @pytest.mark.parametrize("k", K_VALUES, ids=lambda k: "auto" if k is None else f"k{k}")
 def test_speculative_equals_target_only(engines, reference, draft, k):
     engine = engines[draft]
@@ -110,15 +112,25 @@ def _rollback_one_short(self, n):
     del self.ids[len(self.ids) - max(n - 1, 0) :]  # keeps the first rejected token in the cache
 
 
-@pytest.mark.parametrize("mutation", ["accept every draft", "roll back one position short"])
+@pytest.mark.parametrize(
+    "mutation", ["accept every draft (graph)", "accept every draft (numpy)", "roll back one position short"]
+)
 def test_equality_check_catches_a_broken_loop(engines, reference, monkeypatch, mutation):
     from specrt.decoding import speculative
+    from specrt.export.sampler import verify_greedy
     from specrt.runtime.kvcache import Row
 
-    if mutation == "accept every draft":
+    engine = engines["noisy on the host" if "numpy" in mutation else "noisy"]
+    if mutation == "accept every draft (numpy)":
         monkeypatch.setattr(speculative, "accept_greedy", _accept_all)
+    elif mutation == "accept every draft (graph)":
+        old = engine.decider.sampler.swap("verify_greedy", verify_greedy("accept_all").SerializeToString())
     else:
         monkeypatch.setattr(Row, "rollback", _rollback_one_short)
     options = GenerationOptions(max_new_tokens=40, num_draft_tokens=4, ignore_eos=True)
-    mismatches = sum(engines["noisy"].complete(p, options).token_ids != reference[p] for p in PROMPTS)
+    try:
+        mismatches = sum(engine.complete(p, options).token_ids != reference[p] for p in PROMPTS)
+    finally:
+        if mutation == "accept every draft (graph)":
+            engine.decider.sampler.swap("verify_greedy", old)
     assert mismatches > 0, f"greedy equality did not notice '{mutation}'"

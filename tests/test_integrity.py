@@ -42,14 +42,16 @@ def test_export_records_every_file(zoo):
     bundle = zoo.target()
     m = specrt.Manifest.read(bundle)
     assert m.schema_version == specrt.SCHEMA_VERSION == 2
-    on_disk = {p.name for p in bundle.iterdir() if p.is_file() and p.name != "manifest.json"}
+    on_disk = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file() and p.name != "manifest.json"}
     assert {f.name for f in m.files} == on_disk
     kinds = {f.name: f.kind for f in m.files}
+    samplers = ["pick_greedy", "pick_sampled", "pick_filtered", "verify_greedy", "verify_sampled", "verify_filtered"]
     assert kinds == {
         "model.onnx": "graph",
         "model.onnx.data": "weights",
         "tokenizer.json": "tokenizer",
         "chat_template.jinja": "chat_template",
+        **{f"sampler/{name}.onnx": "graph" for name in samplers},
     }
     for f in m.files:  # the weights' hash was computed while writing; it equals a fresh one
         assert f.size == (bundle / f.name).stat().st_size
@@ -116,7 +118,7 @@ def test_weights_size_checked_at_load_and_hash_on_request(zoo, tmp_path, capsys)
         specrt.load(bundle, verify=True)  # ... a verifying load can
     code, out, err = run_cli(capsys, "verify", bundle)
     assert_one_line_error(code, err, "model.onnx.data", "SHA-256", "re-export")
-    assert "model.onnx.data" in out and "MISMATCH" in out and "3 of 4 files match" in out
+    assert "model.onnx.data" in out and "MISMATCH" in out and "9 of 10 files match" in out
 
 
 def test_verify_prints_every_file(zoo, capsys):
@@ -124,7 +126,7 @@ def test_verify_prints_every_file(zoo, capsys):
 
     main(["verify", str(zoo.target())])  # returns: exit code 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 5 and all(" ok " in line for line in lines[:4]) and "4 of 4 files match" in lines[-1]
+    assert len(lines) == 11 and all(" ok " in line for line in lines[:10]) and "10 of 10 files match" in lines[-1]
 
 
 @pytest.mark.parametrize(

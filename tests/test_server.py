@@ -190,6 +190,10 @@ def test_metrics_count_what_happened(server):
     assert delta("specrt:spec_decode_num_draft_tokens", "specrt:spec_decode_num_draft_tokens_total") > 0
     assert delta("specrt:e2e_request_latency_seconds", "specrt:e2e_request_latency_seconds_count") == 3
     assert after["specrt:num_requests_running"]["specrt:num_requests_running"] == 0
+    # Only ids came back: 3 requests x (prefill + 2-3 rounds), a few dozen bytes each, never a logits row.
+    to_host = delta("specrt:transfer_bytes", 'specrt:transfer_bytes_total{"direction": "to_host"}')
+    assert 0 < to_host < 3 * 4 * 200, to_host
+    assert delta("specrt:transfer_bytes", 'specrt:transfer_bytes_total{"direction": "to_device"}') > 0
     assert any(
         k.startswith("specrt:spec_decode_num_accepted_tokens_per_pos_total")
         for k in after["specrt:spec_decode_num_accepted_tokens_per_pos"]

@@ -26,6 +26,8 @@ from ..bundle.loading import check_pair, open_bundle
 from ..decoding.drafters import NgramDrafter
 from ..errors import EngineBusyError, OptionsError, PromptError
 from ..options import GenerationOptions
+from ..runtime.buffers import Transfers
+from ..runtime.sampler import GraphSampler, has_samplers
 from ..runtime.session import ModelSession, SessionOptions
 from ..tuning.batchcost import BatchCost
 from ..tuning.costmodel import MODEL, NGRAM, Tuning
@@ -39,6 +41,7 @@ from ..tuning.measure import (
     stored_batch_profile,
 )
 from ..tuning.stepcost import DRAFT, TARGET, StepCosts
+from .decide import PATHS, GraphDecider, HostDecider
 from .generate import Generation
 from .request import Request
 from .runner import Runner
@@ -58,7 +61,10 @@ class Engine:
         verify: bool = False,
         max_batch: int = 1,
         prefill_chunk: int = 128,
+        sampler: str = "auto",
     ):
+        if sampler not in ("auto", *PATHS):
+            raise OptionsError(f"sampler must be 'auto', 'graph' or 'host'; got {sampler!r}")
         if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and 1 <= max_batch <= 256):
             raise OptionsError(f"max_batch must be an integer in 1..256; got {max_batch!r}")
         if not (isinstance(prefill_chunk, int) and not isinstance(prefill_chunk, bool) and prefill_chunk >= 1):
@@ -70,14 +76,18 @@ class Engine:
         self.tokenizer = target_bundle.load_tokenizer()
         session_options = session_options or SessionOptions()
         self.max_batch = max_batch
-        self.target = ModelSession(target_bundle, session_options, rows=max_batch)
+        self.transfers = Transfers()  # bytes between host and device, both models and the sampler graphs
+        self.target = ModelSession(target_bundle, session_options, rows=max_batch, transfers=self.transfers)
+        draft_options = draft_session_options or session_options
         self.draft = (
-            ModelSession(draft_bundle, draft_session_options or session_options, rows=max_batch)
+            ModelSession(draft_bundle, draft_options, rows=max_batch, transfers=self.transfers)
             if draft_bundle
             else None
         )
         self.ngram = NgramDrafter() if ngram else None
-        self.scheduler = Scheduler(Runner(self.target, self.draft), max_batch, prefill_chunk, self._prepare)
+        self.decider = self._decider(sampler, target_bundle, session_options, draft_options if draft_bundle else None)
+        runner = Runner(self.target, self.draft, self.decider)
+        self.scheduler = Scheduler(runner, max_batch, prefill_chunk, self._prepare)
         # Learned across generations, deliberately (see Tuning): the step costs are built at the first auto-k
         # generation; a later, larger max_draft_tokens reads widths past the profile by extrapolation.
         self.tuning = Tuning()
@@ -86,6 +96,19 @@ class Engine:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+
+    def _decider(self, sampler: str, bundle, options: SessionOptions, draft_options: SessionOptions | None):
+        """The sampler graphs on the target's device (q stays there, so the draft must run on the same one),
+        else numpy on the host: for bundles exported before the graphs existed, or when asked."""
+        same_device = draft_options is None or (draft_options.device, draft_options.device_id) == (
+            options.device,
+            options.device_id,
+        )
+        if sampler == "host" or (sampler == "auto" and not (has_samplers(bundle) and same_device)):
+            return HostDecider()
+        if not same_device:
+            raise OptionsError("sampler 'graph' needs the draft on the target's device; use sampler='host'")
+        return GraphDecider(GraphSampler(bundle, options, self.max_batch, self.transfers))
 
     # ------------------------------------------------------------------ the scheduler thread
 
@@ -126,7 +149,14 @@ class Engine:
         """The engine's counters: rounds, batch sizes, k chosen, acceptance per position, queue wait, and
         how many requests hold a slot (running) or wait for one."""
         waiting = len(self.scheduler.waiting) + self._inbox.qsize()
-        return {**self.scheduler.stats.to_dict(), "running": len(self.scheduler.running), "waiting": waiting}
+        return {
+            **self.scheduler.stats.to_dict(),
+            "running": len(self.scheduler.running),
+            "waiting": waiting,
+            "sampler": self.decider.name,
+            "bytes_to_host": self.transfers.to_host,
+            "bytes_to_device": self.transfers.to_device,
+        }
 
     def cancel_all(self) -> None:
         """Cancel every running and waiting generation (their readers end with finish_reason "cancelled")."""
@@ -307,12 +337,16 @@ def load(
     ngram: bool = False,
     verify: bool = False,
     max_batch: int = 1,
+    sampler: str = "auto",
 ) -> Engine:
     """Load bundles for generation. threads=0 lets ONNX Runtime choose; ngram=True adds prompt-lookup
     drafting (alone, or beside the draft model: with auto k the one promising more tokens/s drafts each round).
     Every load checks each bundle file's size and the small files' SHA-256 against the manifest; verify=True
     hashes the weights too (seconds per GB). max_batch: how many generations run at once as one batch
     (bundles of the standard graph; each row is a KV slot of max_seq_len positions in each model).
+    sampler: where draft tokens are picked and drafts verified: "graph" (the bundle's sampler graphs, on the
+    device the logits are on: only ids cross), "host" (numpy on logits read back), "auto" (graph when the
+    bundle has the graphs).
 
     spinning=True lets ONNX Runtime's worker threads spin while a run waits for work (they sleep otherwise,
     and waking them costs at every parallel section). With a draft loaded they stop spinning as soon as a
@@ -324,4 +358,4 @@ def load(
         device=device, intra_op_threads=threads, allow_spinning=spinning, spin_between_runs=draft is None
     )
     draft_opts = replace(opts, intra_op_threads=threads if draft_threads is None else draft_threads)
-    return Engine(target, draft, opts, draft_opts, ngram=ngram, verify=verify, max_batch=max_batch)
+    return Engine(target, draft, opts, draft_opts, ngram=ngram, verify=verify, max_batch=max_batch, sampler=sampler)

@@ -6,9 +6,12 @@
   still drafting (a row leaves when it has its k tokens, or earlier when its confidence says the rest would
   likely be rejected). A row whose draft slot fell behind by more than a step (rounds it sat out) first
   catches up alone, in chunks, for the same reason as prefill.
-- `target_pass`: ONE batched target pass over every running row's [last token, drafts...].
+- `target_pass`: ONE batched target pass over every running row's [last token, drafts...], then the
+  verification of every row in one decider call.
 Each model keeps one KV slot per request (the same index in both); rows are ragged and padded by the
-session. The runner times its runs and knows nothing about acceptance or stopping.
+session. Logits stay where the model wrote them: the decider (decide.py) turns them into ids, on the
+device (the sampler graphs) or on the host (numpy). The runner times its runs and knows nothing about
+stopping.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..decoding.speculative import pick, top_probability
 from ..runtime.session import ModelSession
 from .request import Request
 
@@ -31,23 +33,25 @@ class Proposal:
     """What the draft model proposed for one row this round."""
 
     tokens: list[int] = field(default_factory=list)
-    q: list[np.ndarray | None] = field(default_factory=list)  # the distribution each token was drawn from
+    lookup: bool = False  # prompt lookup's proposal (one-hot q), not the draft model's
     confidences: list[float] = field(default_factory=list)  # the draft's probability of each token
     step_ms: float | None = None  # mean time of the batched 1-2 token steps this row took part in
 
 
 class Runner:
-    def __init__(self, target: ModelSession, draft: ModelSession | None):
-        self.target, self.draft = target, draft
+    def __init__(self, target: ModelSession, draft: ModelSession | None, decider):
+        self.target, self.draft, self.decider = target, draft, decider
 
-    def prefill(self, request: Request, chunk: int) -> np.ndarray | None:
-        """Feed the next chunk of the prompt (all but its last token stays in the cache); the logits after the
-        prompt once the whole of it is in, else None."""
+    def prefill(self, request: Request, chunk: int) -> int | None:
+        """Feed the next chunk of the prompt (all but its last token stays in the cache); the first token once
+        the whole of it is in (a verification of nothing drafted), else None."""
         row = self.target.kv.rows[request.slot]
         prompt = request.prompt
         end = min(len(prompt), row.length + chunk)
-        logits = self.target.run([request.slot], [prompt[row.length : end]], [1])[0]
-        return logits[-1] if end == len(prompt) else None
+        logits = self.target.run_logits([request.slot], [prompt[row.length : end]], [1])
+        if end < len(prompt):
+            return None
+        return self.decider.verify(logits, [request], [[]], [False])[0][1]
 
     def propose(
         self,
@@ -64,35 +68,39 @@ class Runner:
             while behind > 2:
                 n = min(behind - 1, CATCH_UP_CHUNK)
                 start = kv.rows[r.slot].length
-                self.draft.run([r.slot], [r.tokens[start : start + n]], [1])
+                self.draft.run_logits([r.slot], [r.tokens[start : start + n]], [1])  # logits unread
                 behind -= n
         active = {r.id: (r, k) for r, k in rows}
         feed = {r.id: r.tokens[kv.rows[r.slot].length :] for r, _ in rows}  # the last 1-2 tokens
         steps: dict[int, list[float]] = {r.id: [] for r, _ in rows}
+        self.decider.begin_round(max(k for _, k in rows), self.draft.vocab_size)
+        step = 0
         while active:
             order = list(active.values())
             t0 = time.perf_counter()
-            logits = self.draft.run([r.slot for r, _ in order], [feed[r.id] for r, _ in order], [1] * len(order))
+            logits = self.draft.run_logits([r.slot for r, _ in order], [feed[r.id] for r, _ in order], [1] * len(order))
+            tokens, confidences = self.decider.pick(logits, [r for r, _ in order], step)
             ms = 1000 * (time.perf_counter() - t0)
-            for (r, k), row_logits in zip(order, logits, strict=True):
+            for (r, k), token, confidence in zip(order, tokens, confidences, strict=True):
                 p = out[r.id]
                 steps[r.id].append(ms)
-                token, q = pick(row_logits[-1], r.options, r.rng)
                 p.tokens.append(token)
-                p.q.append(q)
-                p.confidences.append(float(q[token]) if q is not None else top_probability(row_logits[-1]))
+                p.confidences.append(confidence)
                 feed[r.id] = [token]
                 if len(p.tokens) >= k or not more(r, k, p.confidences):
                     del active[r.id]
+            step += 1
         for rid, p in out.items():
             p.step_ms = float(np.mean(steps[rid])) if steps[rid] else None
         return out
 
-    def target_pass(self, rows: list[tuple[Request, list[int]]]) -> tuple[list[np.ndarray], float]:
-        """One target pass over every row's [last token, drafts]: per row its k + 1 rows of logits (the
-        arrays live until the next run), and the pass's milliseconds."""
+    def target_pass(self, rows: list[tuple[Request, Proposal]]) -> tuple[list[tuple[int, int]], float]:
+        """One target pass over every row's [last token, drafts] and their verification: per row (accepted
+        drafts, next token), and the milliseconds of both."""
         t0 = time.perf_counter()
-        logits = self.target.run(
-            [r.slot for r, _ in rows], [[r.tokens[-1], *d] for r, d in rows], [len(d) + 1 for _, d in rows]
+        drafted = [p.tokens for _, p in rows]
+        logits = self.target.run_logits(
+            [r.slot for r, _ in rows], [[r.tokens[-1], *p.tokens] for r, p in rows], [len(d) + 1 for d in drafted]
         )
-        return logits, 1000 * (time.perf_counter() - t0)
+        decided = self.decider.verify(logits, [r for r, _ in rows], drafted, [p.lookup for _, p in rows])
+        return decided, 1000 * (time.perf_counter() - t0)

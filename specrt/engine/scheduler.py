@@ -7,7 +7,7 @@ prefilling: `chunk` tokens when others are decoding, so they stall for one chunk
 when nobody else is waiting on the cores), then one speculative round over every running row:
 1. plan: each row's drafter and k (its own cost models as if alone, then the batch's ceiling);
 2. run: the batched draft steps and the ONE batched target pass (runner.py);
-3. settle, per row: accept drafts (decoding.speculative), roll the caches back by counters, count, learn
+3. settle, per row: the decider's verdict (accepted drafts, next token), roll the caches back by counters, count, learn
    (one `observe` of the row's cost models and one of the batch's), commit (request.py).
 Batch 1 is this same path with one row; target-only decoding is k = 0 in it.
 """
@@ -19,7 +19,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..decoding.drafters import NgramDrafter
-from ..decoding.speculative import accept_drafts
 from ..tuning.batchcost import BatchChoice, BatchCost
 from ..tuning.costmodel import MODEL, NGRAM, Choice, Outcome
 from .request import Request
@@ -145,11 +144,10 @@ class Scheduler:
 
     def _prefill(self, r: Request, alone: bool) -> None:
         t0 = time.perf_counter()
-        logits = self.runner.prefill(r, len(r.prompt) if alone else self.chunk)
+        first = self.runner.prefill(r, len(r.prompt) if alone else self.chunk)
         r.stats.prefill_s += time.perf_counter() - t0
         r.stats.runtime_s += time.perf_counter() - t0
-        if logits is not None:  # the first token: a round with nothing drafted
-            _, first = accept_drafts(logits[None], [], [], r.options, r.rng)
+        if first is not None:  # the first token: a round with nothing drafted
             r.state = "running"
             r.commit([first])
 
@@ -167,16 +165,16 @@ class Scheduler:
             if p.drafter == MODEL and p.k:
                 p.proposal = proposals[r.id]
             elif p.drafter == NGRAM and p.k:
-                p.proposal = Proposal(p.lookup, [None] * len(p.lookup))
-        logits, target_ms = self.runner.target_pass([(r, p.proposal.tokens) for r, p in zip(rows, plans, strict=True)])
+                p.proposal = Proposal(p.lookup, lookup=True)
+        decided, target_ms = self.runner.target_pass([(r, p.proposal) for r, p in zip(rows, plans, strict=True)])
         if batch is not None:
             drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == MODEL for p in plans]
             self.batch_cost.observe(batch, drafted, model, context, draft_ms + target_ms)
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
-        for r, p, row_logits in zip(rows, plans, logits, strict=True):
+        for r, p, (n, nxt) in zip(rows, plans, decided, strict=True):
             row_draft_ms = draft_ms if p.drafter == MODEL and p.k else 0.0
-            self._settle(r, p, row_logits, Times(row_draft_ms, target_ms, alone=len(rows) == 1))
+            self._settle(r, p, n, nxt, Times(row_draft_ms, target_ms, alone=len(rows) == 1))
 
     def _batch_choice(self, rows: list[Request], plans: list[Plan], context: int) -> BatchChoice | None:
         """The batch's ceiling on the rows' own choices (batches of two rows or more, with a batch cost)."""
@@ -192,10 +190,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ settling one row's round
 
-    def _settle(self, r: Request, plan: Plan, logits, times: Times) -> None:
+    def _settle(self, r: Request, plan: Plan, n: int, nxt: int, times: Times) -> None:
         proposal = plan.proposal
         drafted, k = proposal.tokens, len(proposal.tokens)
-        n, nxt = accept_drafts(logits, drafted, proposal.q, r.options, r.rng)
         before = len(r.tokens)
         self._roll_back(r, k, n)
         self._count(r, plan, k, n, times)

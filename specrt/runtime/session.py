@@ -16,6 +16,7 @@ import numpy as np
 
 from ..bundle.loading import Bundle
 from ..errors import BundleError, OptionsError
+from .buffers import DeviceBuffer, Logits, Transfers
 from .kvcache import KVCache
 
 DEVICES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -42,10 +43,13 @@ class SessionOptions:
 
 
 class ModelSession:
-    def __init__(self, bundle: Bundle, options: SessionOptions | None = None, rows: int = 1):
+    def __init__(
+        self, bundle: Bundle, options: SessionOptions | None = None, rows: int = 1, transfers: Transfers | None = None
+    ):
         import onnxruntime as ort
 
         self.bundle = bundle
+        self.transfers = transfers or Transfers()  # an engine shares one between its sessions
         self.options = options = options or SessionOptions()
         m = bundle.manifest
         self.graph = g = m.graph
@@ -104,7 +108,9 @@ class ModelSession:
         self._bound: tuple[int, int] | None = None  # the slot range whose KV rows are bound
         if g.flavour == "gqa":
             self._bind_rows(0, 1)
-        self._logits: dict[int, np.ndarray] = {}
+        # The logits of every run, on the session's device; read back only by the numpy path.
+        self.logits = DeviceBuffer(options.device, options.device_id, self.transfers)
+        self.seconds = 0.0  # inside ONNX Runtime (model runs), since load
 
     def _bind_rows(self, lo: int, hi: int) -> None:
         """Bind slots [lo, hi) of every layer's buffers as both the past input and the present output.
@@ -170,12 +176,22 @@ class ModelSession:
                     "(kv_heads, max_seq_len, head_dim / vocab_size); re-export the bundle"
                 )
 
-    def _logits_buffer(self, shape: tuple[int, ...]) -> np.ndarray:
-        # One preallocated host buffer per shape: ORT writes logits straight into it, no extra copy.
-        buf = self._logits.get(shape)
-        if buf is None:
-            buf = self._logits[shape] = np.empty(shape, np.float32)
-        return buf
+    def _execute(self, io, inputs: dict[str, np.ndarray], positions: int, starts: list[int], keep: list[int]) -> Logits:
+        """Bind the host inputs (counted as sent) and the logits buffer, run, and hand back the logits where
+        they are."""
+        import time
+
+        for name, array in inputs.items():
+            io.bind_cpu_input(name, array)
+        self.transfers.sent(*inputs.values())
+        self.logits.bind_output(io, self.graph.logits, self._logits_shape(positions))
+        t0 = time.perf_counter()
+        self.session.run_with_iobinding(io)
+        self.seconds += time.perf_counter() - t0
+        return Logits(self.logits, positions, self.vocab_size, starts, keep)
+
+    def _logits_shape(self, positions: int) -> tuple[int, ...]:
+        return (1, positions, self.vocab_size) if self.graph.flavour == "gqa" else (positions, self.vocab_size)
 
     def forward(self, ids: Sequence[int], keep: int = 1) -> np.ndarray:
         """Run `ids` after slot 0's cached context; return logits [keep, vocab] of the last `keep` positions.
@@ -184,7 +200,7 @@ class ModelSession:
         """
         return self.run([0], [ids], [keep])[0]
 
-    def _run_gqa(self, ids: Sequence[int], keep: int) -> np.ndarray:
+    def _run_gqa(self, ids: Sequence[int], keep: int) -> Logits:
         """The batch-1 graph's run (GroupQueryAttention, slot 0): sequence lengths instead of a mask."""
         n, row = len(ids), self.kv.rows[0]
         if n == 0 or not 1 <= keep <= n:
@@ -198,30 +214,30 @@ class ModelSession:
         seqlens_k = np.array([total - 1], np.int32)
         total_len = np.array(total, np.int32)
         keep_arr = np.array([keep], np.int64)
-        io.bind_cpu_input(g.input_ids, input_ids)
-        io.bind_cpu_input(g.seqlens_k, seqlens_k)
-        io.bind_cpu_input(g.total_sequence_length, total_len)
-        io.bind_cpu_input(g.logits_to_keep, keep_arr)
-        out = self._logits_buffer((1, keep, self.vocab_size))
-        io.bind_output(g.logits, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
-        self.session.run_with_iobinding(io)
+        inputs = {g.input_ids: input_ids, g.seqlens_k: seqlens_k, g.total_sequence_length: total_len}
+        logits = self._execute(io, {**inputs, g.logits_to_keep: keep_arr}, keep, [0], [keep])
         row.advance(list(ids))
-        return out[0]
+        return logits
 
     def run(self, slots: Sequence[int], ids: Sequence[Sequence[int]], keep: Sequence[int]) -> list[np.ndarray]:
+        """`run_logits`, then each row's logits [keep[i], vocab] read back to the host (the numpy path). The
+        returned arrays are views of a buffer the next run reuses."""
+        return self.run_logits(slots, ids, keep).rows()
+
+    def run_logits(self, slots: Sequence[int], ids: Sequence[Sequence[int]], keep: Sequence[int]) -> Logits:
         """One graph run for several rows (standard graph): slot slots[i] appends ids[i] to its cached
-        context; returns, per row, the logits [keep[i], vocab] of its last keep[i] new positions.
+        context; the logits of each row's last keep[i] new positions stay on the device (`Logits`).
 
         Rows are ragged: each has its own past length and number of new tokens (padded to the widest). The
         run covers the slot range [min, max] of `slots`; a slot inside it that has no tokens this time is
         carried as an idle row (its padding writes only positions at or past its length, never read before
-        they are written again). The returned arrays are views of a buffer reused by the next run."""
+        they are written again)."""
         if len(slots) != len(ids) or len(ids) != len(keep) or not slots:
             raise ValueError("run needs one list of ids and one keep per slot, and at least one slot")
         if self.graph.flavour != "standard":  # one row: the batch-1 graph's own call
             if list(slots) != [0]:
                 raise ValueError(f"a {self.graph.flavour} graph runs slot 0 alone; got slots {list(slots)}")
-            return [self._run_gqa(ids[0], keep[0])]
+            return self._run_gqa(ids[0], keep[0])
         if len(set(slots)) != len(slots) or min(slots) < 0 or max(slots) >= len(self.kv.rows):
             raise ValueError(f"slots {list(slots)} must be distinct and in [0, {len(self.kv.rows)})")
         width = max(len(x) for x in ids)
@@ -247,19 +263,11 @@ class ModelSession:
         # The LM head reads each row's last keep[i] real positions, indexed in the flattened [B * S] batch.
         last = [(slot - lo) * width + real[slot - lo] - k + np.arange(k) for slot, k in zip(slots, keep, strict=True)]
         rows_out = np.concatenate(last).astype(np.int64)
-        g, io = self.graph, self._io
+        g = self.graph
         self._bind_rows(lo, hi)
-        io.bind_cpu_input(g.input_ids, input_ids)
-        io.bind_cpu_input(g.position_ids, positions)
-        io.bind_cpu_input(g.write_index, past)
-        io.bind_cpu_input(g.attention_mask, mask)
-        io.bind_cpu_input(g.logits_rows, rows_out)
-        out = self._logits_buffer((len(rows_out), self.vocab_size))
-        io.bind_output(g.logits, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
-        self.session.run_with_iobinding(io)
-        result, at = [], 0
-        for slot, x, k in zip(slots, ids, keep, strict=True):
+        inputs = {g.input_ids: input_ids, g.position_ids: positions, g.write_index: past, g.attention_mask: mask}
+        starts = np.concatenate([[0], np.cumsum(keep)[:-1]]).tolist()
+        logits = self._execute(self._io, {**inputs, g.logits_rows: rows_out}, len(rows_out), starts, list(keep))
+        for slot, x in zip(slots, ids, strict=True):
             self.kv.rows[slot].advance(list(x))
-            result.append(out[at : at + k])
-            at += k
-        return result
+        return logits

@@ -51,6 +51,12 @@ class EngineCollector:
         for rows, n in sorted(s["batch_sizes"].items()):
             batch.add_metric([str(rows)], n)
         yield batch
+        moved = CounterMetricFamily(
+            "specrt:transfer_bytes", "Bytes copied between host and device (to_host: read back).", labels=["direction"]
+        )
+        moved.add_metric(["to_host"], s.get("bytes_to_host", 0))
+        moved.add_metric(["to_device"], s.get("bytes_to_device", 0))
+        yield moved
 
 
 class Metrics:

@@ -122,7 +122,7 @@ def measure(
         lambda: time_cells(
             cells,
             lambda cell: _at_context(session, [slot], cell[0]),
-            lambda cell: session.run([slot], [[0] * cell[1]], [cell[1]]),
+            lambda cell: session.run_logits([slot], [[0] * cell[1]], [cell[1]]),  # the model alone: logits unread
             reps,
         ),
         tries,
@@ -155,7 +155,7 @@ def measure_batches(
         lambda: time_cells(
             cells,
             lambda cell: _at_context(session, range(cell[1]), cell[0]),
-            lambda cell: session.run(list(range(cell[1])), [[0] * cell[2]] * cell[1], [1] * cell[1]),
+            lambda cell: session.run_logits(list(range(cell[1])), [[0] * cell[2]] * cell[1], [1] * cell[1]),
             reps,
         ),
         tries,
@@ -176,12 +176,12 @@ def step_times(session: ModelSession, context: list[int], widths: Sequence[int],
     fits (the benchmark's measured step costs at a prompt). Slot 0 is left empty."""
     row = session.kv.rows[0]
     row.reset()
-    session.forward(context, keep=1)
+    session.run_logits([0], [context], [1])
     base = row.length
     widths = [s for s in widths if base + s <= session.max_len]
 
     def run(s: int) -> None:
-        session.forward((context * (s // max(len(context), 1) + 1))[:s], keep=s)
+        session.run_logits([0], [(context * (s // max(len(context), 1) + 1))[:s]], [s])
 
     out = time_cells(widths, lambda s: row.truncate(base), run, reps)
     row.reset()

@@ -1,0 +1,88 @@
+"""Deciders: the two decisions of a round, picking a draft token and verifying drafts, behind one interface.
+
+- `GraphDecider` runs the bundle's sampler graphs on the device the logits are on (specrt.runtime.sampler):
+  the host sends settings, drafted ids and uniforms, and reads back ids, accepted counts and confidences.
+- `HostDecider` reads the logits back into numpy and runs the reference maths (specrt.decoding.speculative):
+  the path for bundles exported before the sampler graphs, and the reference the graphs are tested against.
+Both draw each request's uniforms from its own generator in the same order (decoding.speculative's
+`draft_uniform` / `verify_uniforms`), so a seeded request gives the same tokens on either path, alone or
+in any batch. Both keep the draft's q for the round's verification themselves (`begin_round` resets it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..decoding.speculative import accept_drafts, draft_uniform, pick, verify_uniforms
+from ..runtime.buffers import Logits
+from ..runtime.sampler import GraphSampler, Settings
+from .request import Request
+
+PATHS = ("graph", "host")
+
+
+def settings(rows: list[Request]) -> Settings:
+    o = [r.options for r in rows]
+    greedy = np.array([x.greedy for x in o], np.bool_)
+    return Settings(
+        greedy,
+        np.array([1.0 if x.greedy else x.temperature for x in o], np.float32),
+        np.array([0 if x.greedy else x.top_k for x in o], np.int64),
+        np.array([1.0 if x.greedy else x.top_p for x in o], np.float32),
+    )
+
+
+class HostDecider:
+    name = "host"
+
+    def __init__(self) -> None:
+        self._q: dict[int, list[np.ndarray | None]] = {}  # slot -> the round's q per draft position
+
+    def begin_round(self, max_k: int, vocab: int) -> None:
+        self._q.clear()
+
+    def pick(self, logits: Logits, rows: list[Request], step: int) -> tuple[list[int], list[float]]:
+        tokens, confidences = [], []
+        for r, row_logits in zip(rows, logits.rows(), strict=True):
+            token, q, confidence = pick(row_logits[-1], r.options, draft_uniform(r.options, r.rng))
+            self._q.setdefault(r.slot, []).append(q)
+            tokens.append(token)
+            confidences.append(confidence)
+        return tokens, confidences
+
+    def verify(
+        self, logits: Logits, rows: list[Request], drafted: list[list[int]], lookup: list[bool]
+    ) -> list[tuple[int, int]]:
+        out = []
+        for r, row_logits, d, ngram in zip(rows, logits.rows(), drafted, lookup, strict=True):
+            q = [None] * len(d) if ngram else self._q.get(r.slot, [])[: len(d)]
+            out.append(accept_drafts(row_logits, d, q, r.options, verify_uniforms(r.options, r.rng, len(d))))
+        return out
+
+
+class GraphDecider:
+    name = "graph"
+
+    def __init__(self, sampler: GraphSampler) -> None:
+        self.sampler = sampler
+
+    def begin_round(self, max_k: int, vocab: int) -> None:
+        self.sampler.ensure_steps(max_k, vocab)
+
+    def pick(self, logits: Logits, rows: list[Request], step: int) -> tuple[list[int], list[float]]:
+        u = np.array([draft_uniform(r.options, r.rng) or 0.0 for r in rows], np.float32)
+        tokens, confidences = self.sampler.pick(logits, settings(rows), u, [r.slot for r in rows], step)
+        return tokens.tolist(), confidences.tolist()
+
+    def verify(
+        self, logits: Logits, rows: list[Request], drafted: list[list[int]], lookup: list[bool]
+    ) -> list[tuple[int, int]]:
+        width = max(1, max(len(d) for d in drafted))
+        u_accept = np.zeros((len(rows), width), np.float32)
+        u_final = np.zeros(len(rows), np.float32)
+        for i, (r, d) in enumerate(zip(rows, drafted, strict=True)):
+            u = verify_uniforms(r.options, r.rng, len(d))
+            if u is not None:
+                u_accept[i, : len(d)], u_final[i] = u[:-1], u[-1]
+        n, nxt = self.sampler.verify(logits, drafted, settings(rows), lookup, [r.slot for r in rows], u_accept, u_final)
+        return list(zip(n.tolist(), nxt.tolist(), strict=True))

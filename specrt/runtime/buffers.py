@@ -1,0 +1,97 @@
+"""Device buffers and the transfer counter: what lives where a model runs, and every byte that crosses.
+
+`DeviceBuffer` is one float32 buffer on a session's device (host memory for the CPU provider, GPU memory for
+CUDA), allocated zeroed, grown geometrically when a run needs more, and bound at its base pointer with any
+shape that fits: a model's logits are written into it and a sampler graph reads them from it, with nothing
+crossing in between. `Transfers` counts the bytes the loop moves: host arrays bound as inputs count as
+host -> device, arrays read back into numpy as device -> host. On the CPU provider "device" memory is host
+memory, and the same accounting applies to what the loop reads into numpy, so the counter shows on a CPU
+exactly what would cross a PCIe bus on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Transfers:
+    """Bytes moved between the host and a device, since load (shared by an engine's sessions)."""
+
+    to_device: int = 0
+    to_host: int = 0
+
+    def sent(self, *arrays: np.ndarray) -> None:
+        self.to_device += sum(a.nbytes for a in arrays)
+
+    def received(self, *arrays: np.ndarray) -> None:
+        self.to_host += sum(a.nbytes for a in arrays)
+
+
+class DeviceBuffer:
+    """A zeroed float32 buffer of at least `capacity` elements on (device, device_id), grown on demand."""
+
+    def __init__(self, device: str, device_id: int, transfers: Transfers, dtype=np.float32):
+        self.device, self.device_id, self.transfers = device, device_id, transfers
+        self.dtype = np.dtype(dtype)
+        self.capacity = 0
+        self._value = None  # the OrtValue
+        self._host: np.ndarray | None = None  # the CPU provider's backing array
+
+    def reserve(self, elements: int) -> None:
+        if elements <= self.capacity:
+            return
+        import onnxruntime as ort
+
+        capacity = max(elements, 2 * self.capacity)
+        if self.device == "cpu":
+            self._host = np.zeros(capacity, self.dtype)
+            self._value = ort.OrtValue.ortvalue_from_numpy(self._host)
+        else:  # uninitialised device memory holds anything, NaN included: zero it once
+            self._value = ort.OrtValue.ortvalue_from_numpy(np.zeros(capacity, self.dtype), self.device, self.device_id)
+        self.capacity = capacity
+
+    @property
+    def ptr(self) -> int:
+        return self._value.data_ptr()
+
+    def bind_output(self, io, name: str, shape: tuple[int, ...]) -> None:
+        self.reserve(int(np.prod(shape)))
+        io.bind_output(name, self.device, self.device_id, self.dtype, list(shape), self.ptr)
+
+    def bind_input(self, io, name: str, shape: tuple[int, ...]) -> None:
+        io.bind_input(name, self.device, self.device_id, self.dtype, list(shape), self.ptr)
+
+    def read(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The first prod(shape) elements as a host array (a view on the CPU provider, a copy elsewhere),
+        counted as device -> host."""
+        size = int(np.prod(shape))
+        if self._host is not None:
+            out = self._host[:size].reshape(shape)
+        else:
+            out = self._value.numpy()[:size].reshape(shape)
+        self.transfers.received(out)
+        return out
+
+
+@dataclass
+class Logits:
+    """A run's logits left where the model wrote them: [positions, vocab] in `buffer`; row i of the run owns
+    positions [starts[i], starts[i] + keep[i])."""
+
+    buffer: DeviceBuffer
+    positions: int
+    vocab: int
+    starts: list[int]
+    keep: list[int]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.positions, self.vocab
+
+    def rows(self) -> list[np.ndarray]:
+        """Each row's logits on the host [keep_i, vocab] (reads the whole run back: the numpy path)."""
+        out = self.buffer.read(self.shape)
+        return [out[s : s + k] for s, k in zip(self.starts, self.keep, strict=True)]

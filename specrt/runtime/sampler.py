@@ -1,0 +1,221 @@
+"""The bundle's sampler graphs in ONNX Runtime: draft picks and verification on the device the logits are on.
+
+`GraphSampler` runs the four graphs the exporter writes into every bundle (specrt/export/sampler.py says what
+each computes) on the target session's device, reading the logits from the buffer the model run left them
+in. The draft's warped distributions q stay there too, in `q_store` [slots, steps, vocab] (one row per KV
+slot, one entry per draft position), written in place by each sampled pick and read by the sampled
+verification. What the host sends is O(rows x k) settings, ids and uniforms; what it reads back is ids,
+accepted counts and the draft's confidences. This module runs graphs; the uniforms, and what the numbers
+mean for a request, are the engine's business.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..bundle.loading import Bundle
+from ..errors import BundleError
+from .buffers import DeviceBuffer, Logits, Transfers
+from .session import DEVICES, SessionOptions
+
+GRAPHS = ("pick_greedy", "pick_sampled", "pick_filtered", "verify_greedy", "verify_sampled", "verify_filtered")
+FOLDER = "sampler"
+POOLED_FROM = 1 << 18  # logits elements from which a run uses the engine's threads (below: the caller's)
+CANDIDATES = 256  # top-p's first candidate set (specrt.decoding.sampling.TOP_P_CANDIDATES), x8 while short
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Per row: whether it is greedy, and its warp (ignored for greedy rows)."""
+
+    greedy: np.ndarray  # bool [R]
+    temperature: np.ndarray  # float32 [R] (1 for greedy rows)
+    top_k: np.ndarray  # int64 [R]
+    top_p: np.ndarray  # float32 [R]
+
+    def repeat(self, counts: list[int]) -> Settings:
+        """The same settings per position (row i's for each of its counts[i] positions)."""
+        c = np.asarray(counts)
+        return Settings(*(np.repeat(a, c) for a in (self.greedy, self.temperature, self.top_k, self.top_p)))
+
+    @property
+    def filtered(self) -> bool:
+        """Some sampled row uses top-k or top-p (the graphs without them skip that work)."""
+        return bool(((self.top_k > 0) | (self.top_p < 1)).any())
+
+    def inputs(self, per_position: Settings | None = None) -> dict[str, np.ndarray]:
+        """The warp inputs of a sampled graph: temperature, and top_k / top_p when filtered."""
+        s = per_position or self
+        out = {"temperature": s.temperature}
+        return out | ({"top_k": s.top_k, "top_p": s.top_p} if self.filtered else {})
+
+
+def block(vocab: int) -> np.ndarray:
+    """The argmax and sampling block (specrt.decoding.sampling.block_size): the graphs read rows in blocks."""
+    return np.array([math.gcd(vocab, 128)], np.int64)
+
+
+def has_samplers(bundle: Bundle) -> bool:
+    names = {f.name for f in bundle.manifest.files}
+    return all(f"{FOLDER}/{g}.onnx" in names for g in GRAPHS)
+
+
+class GraphSampler:
+    def __init__(self, bundle: Bundle, options: SessionOptions, slots: int, transfers: Transfers):
+        if not has_samplers(bundle):
+            raise BundleError(
+                f"{bundle.path}: no sampler graphs (exported before they existed); re-export the bundle, or add "
+                f"them in place: specrt upgrade {bundle.path}"
+            )
+        self.options, self.transfers, self.slots = options, transfers, slots
+        self.sessions: dict = {}
+        self._io: dict = {}
+        for name in GRAPHS:
+            self.swap(name, str(bundle.path / FOLDER / f"{name}.onnx"))
+        self.q_store = DeviceBuffer(options.device, options.device_id, transfers)
+        self.steps = 0  # draft positions q_store holds per slot
+        self.vocab = 0
+        self.seconds = 0.0  # inside ONNX Runtime, since load
+        self.reruns = 0  # top-p candidate sets widened
+
+    # ------------------------------------------------------------------ plumbing
+
+    def swap(self, name: str, model):
+        """Run `model` (a path, serialised ONNX, or what `swap` returned) as graph `name` from now on; returns
+        what it replaces. The bundle's graphs are loaded this way; the tests swap in deliberately broken rules
+        through it. Each graph gets two sessions: one on the caller's thread for small runs (waking a pool
+        costs more than the run: a 4-token generation of an 8-token vocabulary took 5.0 ms with pooled
+        sampler sessions, 2.2 ms without), and one with the engine's threads for runs over many logits."""
+
+        old = self.sessions.get(name)
+        if isinstance(model, tuple):
+            self.sessions[name] = model
+        else:
+            self.sessions[name] = tuple(self._session(model, threads) for threads in (1, self.options.intra_op_threads))
+        self._io[name] = tuple(s.io_binding() for s in self.sessions[name])
+        return old
+
+    def _session(self, model, threads: int):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        # Its threads sleep when a run ends: spinning ones would take the cores from the model's next run.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.log_severity_level = 3
+        return ort.InferenceSession(model, so, providers=[DEVICES[self.options.device]])
+
+    def ensure_steps(self, steps: int, vocab: int) -> None:
+        """q_store holds at least `steps` draft positions per slot (reallocated, zeroed, when it grows)."""
+        if steps <= self.steps and vocab == self.vocab:
+            return
+        self.steps = max(steps, 2 * self.steps if steps > self.steps else self.steps, 1)
+        self.vocab = vocab
+        self.q_store.capacity = 0  # a new layout: start from zeros
+        self.q_store.reserve(self.slots * self.steps * vocab)
+
+    def _q_shape(self) -> tuple[int, int, int]:
+        return self.slots, self.steps, self.vocab
+
+    def _run(self, name: str, logits: Logits, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]):
+        import time
+
+        pooled = int(logits.positions * logits.vocab > POOLED_FROM)
+        io = self._io[name][pooled]
+        logits.buffer.bind_input(io, "logits", logits.shape)
+        for key, array in inputs.items():
+            io.bind_cpu_input(key, array)
+        self.transfers.sent(*inputs.values())
+        if name not in ("pick_greedy", "verify_greedy"):
+            self.q_store.bind_input(io, "q_store", self._q_shape())
+        if name.startswith("pick_") and name != "pick_greedy":  # the same buffer as output: ScatterND writes
+            self.q_store.bind_output(io, "q_store_out", self._q_shape())
+        for key, array in outputs.items():
+            io.bind_output(key, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        t0 = time.perf_counter()
+        self.sessions[name][pooled].run_with_iobinding(io)
+        self.seconds += time.perf_counter() - t0
+        self.transfers.received(*outputs.values())
+
+    def _widening(self, name: str, logits: Logits, inputs: dict, outputs: dict) -> None:
+        """Run; while a row's top-p mass lies beyond the candidates, run again with eight times as many."""
+        if "short" not in outputs:  # no top-p in this run
+            return self._run(name, logits, inputs, outputs)
+        candidates = CANDIDATES
+        while True:
+            self._run(name, logits, {**inputs, "candidates": np.array([candidates], np.int64)}, outputs)
+            if not outputs["short"].any() or candidates >= logits.vocab:
+                return
+            candidates *= 8
+            self.reruns += 1
+
+    # ------------------------------------------------------------------ the two decisions
+
+    def pick(
+        self, logits: Logits, settings: Settings, uniforms: np.ndarray, slots: list[int], step: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One token per row from a draft step's logits (one position per row): (tokens, confidences). A
+        sampled run also stores each row's q at q_store[slot, step]."""
+        rows = len(slots)
+        token, confidence = np.empty(rows, np.int64), np.empty(rows, np.float32)
+        outputs = {"token": token, "confidence": confidence}
+        if settings.greedy.all():
+            self._run("pick_greedy", logits, {"block": block(logits.vocab)}, outputs)
+            return token, confidence
+        if step >= self.steps or logits.vocab != self.vocab:
+            raise ValueError(f"q_store holds {self.steps} steps of vocab {self.vocab}: call ensure_steps first")
+        inputs = settings.inputs() | {
+            "block": block(logits.vocab),
+            "greedy": settings.greedy,
+            "uniform": uniforms.astype(np.float32),
+            "q_index": np.stack([np.asarray(slots, np.int64), np.full(rows, step, np.int64)], axis=1),
+        }
+        if settings.filtered:
+            outputs["short"] = np.empty(rows, np.bool_)
+        self._widening("pick_filtered" if settings.filtered else "pick_sampled", logits, inputs, outputs)
+        return token, confidence
+
+    def verify(
+        self,
+        logits: Logits,
+        drafted: list[list[int]],
+        settings: Settings,
+        lookup: list[bool],
+        slots: list[int],
+        u_accept: np.ndarray,
+        u_final: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per row (accepted drafts, next token) from the target's verify logits: row i's k_i + 1 positions
+        start at logits.starts[i]; its model drafts' q are at q_store[slots[i], 0..k_i)."""
+        rows = len(drafted)
+        k = max(1, max(len(d) for d in drafted))  # a [R, 0] tensor is avoided: padding is never read
+        ids = np.zeros((rows, k), np.int64)
+        for i, d in enumerate(drafted):
+            ids[i, : len(d)] = d
+        inputs = {
+            "block": block(logits.vocab),
+            "start": np.asarray(logits.starts, np.int64),
+            "count": np.array([len(d) for d in drafted], np.int64),
+            "drafted": ids,
+        }
+        accepted, nxt = np.empty(rows, np.int64), np.empty(rows, np.int64)
+        if settings.greedy.all():
+            self._run("verify_greedy", logits, inputs, {"accepted": accepted, "next": nxt})
+            return accepted, nxt
+        self.ensure_steps(1, logits.vocab)
+        inputs |= settings.inputs(settings.repeat(logits.keep)) | {
+            "greedy": settings.greedy,
+            "lookup": np.asarray(lookup, np.bool_),
+            "q_slot": np.asarray(slots, np.int64),
+            "u_accept": np.ascontiguousarray(u_accept[:, :k], np.float32),
+            "u_final": u_final.astype(np.float32),
+        }
+        outputs = {"accepted": accepted, "next": nxt}
+        if settings.filtered:
+            outputs["short"] = np.empty(logits.positions, np.bool_)
+        self._widening("verify_filtered" if settings.filtered else "verify_sampled", logits, inputs, outputs)
+        return accepted, nxt

@@ -1,0 +1,203 @@
+"""The sampler graphs against the numpy reference: given the same logits and uniforms, the same tokens.
+
+Randomised cases over every setting (greedy, temperature, top-k, top-p, both), ragged rows with different
+k and modes in one run, model drafts and prompt lookup. The graphs run through the runtime's own
+GraphSampler (device buffers, IO binding, the top-p widening) on logits placed in a device buffer as a
+model run leaves them; numpy runs decoding.speculative. Float32 on both sides: the only admissible
+difference is a uniform landing within a rounding error of a CDF step, which these seeds never do (a
+mismatch fails with the case that caused it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specrt import GenerationOptions
+from specrt.decoding.speculative import accept_drafts, pick
+from specrt.engine.decide import settings
+from specrt.runtime.buffers import DeviceBuffer, Logits, Transfers
+from specrt.runtime.sampler import GraphSampler
+from specrt.runtime.session import SessionOptions
+
+SETTINGS = [
+    dict(temperature=0.0),
+    dict(temperature=1.0),
+    dict(temperature=0.6),
+    dict(temperature=1.3, top_k=5),
+    dict(temperature=0.9, top_p=0.7),
+    dict(temperature=0.8, top_k=40, top_p=0.9),
+    dict(temperature=1.0, top_p=0.999),  # widens the top-p candidate set on a flat distribution
+]
+
+
+class Row:
+    """What the deciders read of a request: options, slot."""
+
+    def __init__(self, options: GenerationOptions, slot: int):
+        self.options, self.slot = options, slot
+
+
+@pytest.fixture(scope="module")
+def sampler(zoo):
+    from specrt.bundle.loading import open_bundle
+
+    transfers = Transfers()
+    return GraphSampler(open_bundle(zoo.target()), SessionOptions(intra_op_threads=1), slots=8, transfers=transfers)
+
+
+def on_device(array: np.ndarray, starts: list[int], keep: list[int]) -> Logits:
+    buf = DeviceBuffer("cpu", 0, Transfers())
+    buf.reserve(array.size)
+    buf._host[: array.size] = array.ravel()
+    return Logits(buf, array.shape[0], array.shape[1], starts, keep)
+
+
+def random_logits(rng, rows: int, vocab: int, peaked: bool) -> np.ndarray:
+    scale = 4.0 if peaked else 0.3  # peaked: top-p inside 256 candidates; flat: it needs more
+    return (rng.normal(0, scale, size=(rows, vocab))).astype(np.float32)
+
+
+@pytest.mark.parametrize("vocab", [64, 257, 3000])
+@pytest.mark.parametrize("seed", range(4))
+def test_pick_matches_numpy(sampler, vocab, seed):
+    rng = np.random.default_rng(seed)
+    rows = [Row(GenerationOptions(**SETTINGS[i % len(SETTINGS)]), slot=i) for i in range(8)]
+    logits = random_logits(rng, len(rows), vocab, peaked=seed % 2 == 0)
+    u = rng.random(len(rows), dtype=np.float32)
+    sampler.ensure_steps(3, vocab)
+    reruns = sampler.reruns
+    tokens, confidences = sampler.pick(on_device(logits, list(range(8)), [1] * 8), settings(rows), u, list(range(8)), 2)
+    for i, r in enumerate(rows):
+        token, q, confidence = pick(logits[i], r.options, None if r.options.greedy else float(u[i]))
+        assert tokens[i] == token, (i, r.options)
+        assert confidences[i] == pytest.approx(confidence, rel=1e-5)
+        if q is not None:  # the row's q went to q_store[slot, step]
+            stored = sampler.q_store._host[: 8 * sampler.steps * vocab].reshape(8, sampler.steps, vocab)[r.slot, 2]
+            np.testing.assert_allclose(stored, q, atol=1e-6)
+    if vocab > 256 and seed % 2:  # flat logits: top-p 0.999 needed more than the first 256 candidates
+        assert sampler.reruns > reruns
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_verify_matches_numpy(sampler, seed):
+    """Ragged rows (k 0-4), mixed greedy / sampled settings, model drafts and prompt lookup in one run; drafts
+    drawn from q (so that some are accepted and some rejected) or copied from the target's argmax."""
+    rng = np.random.default_rng(100 + seed)
+    vocab, n = 500, 8
+    rows = [Row(GenerationOptions(**SETTINGS[(i + seed) % len(SETTINGS)]), slot=i) for i in range(n)]
+    ks = [int(rng.integers(0, 5)) for _ in rows]
+    lookup = [bool(rng.random() < 0.3) for _ in rows]
+    sampler.ensure_steps(5, vocab)
+    draft_logits = random_logits(rng, n * 4, vocab, peaked=True).reshape(n, 4, vocab)
+    target_logits = [
+        draft_logits[i, : ks[i] + 1 if ks[i] < 4 else 4] + rng.normal(0, 1.0, size=(1, vocab)).astype(np.float32)
+        for i in range(n)
+    ]
+    target_logits = [np.concatenate([t, t[-1:] + 0.5])[: ks[i] + 1] for i, t in enumerate(target_logits)]
+    drafted, q = [[] for _ in rows], [[] for _ in rows]
+    for step in range(4):  # the draft's picks: q into q_store, the same q kept for numpy
+        u = rng.random(n, dtype=np.float32)
+        tokens, _ = sampler.pick(
+            on_device(draft_logits[:, step], list(range(n)), [1] * n), settings(rows), u, list(range(n)), step
+        )
+        for i, r in enumerate(rows):
+            token, qi, _ = pick(draft_logits[i, step], r.options, None if r.options.greedy else float(u[i]))
+            assert token == tokens[i]
+            if step < ks[i]:
+                if lookup[i] or rng.random() < 0.3:  # a proposal the target likes: its argmax
+                    token = int(target_logits[i][step].argmax())
+                drafted[i].append(token)
+                q[i].append(None if lookup[i] else qi)
+    flat = np.concatenate(target_logits)
+    starts = np.concatenate([[0], np.cumsum([k + 1 for k in ks])[:-1]]).tolist()
+    u_accept = rng.random((n, 5), dtype=np.float32)
+    u_final = rng.random(n, dtype=np.float32)
+    logits = on_device(flat, starts, [k + 1 for k in ks])
+    n_graph, next_graph = sampler.verify(logits, drafted, settings(rows), lookup, list(range(n)), u_accept, u_final)
+    outcomes = set()
+    for i, r in enumerate(rows):
+        u = None if r.options.greedy else np.concatenate([u_accept[i, : ks[i]], u_final[i : i + 1]])
+        expected = accept_drafts(target_logits[i], drafted[i], q[i], r.options, u)
+        assert (int(n_graph[i]), int(next_graph[i])) == expected, (i, r.options, ks[i], lookup[i])
+        outcomes.add("full" if expected[0] == ks[i] else "rejected")
+    assert outcomes == {"full", "rejected"} or seed % 2  # the cases really exercise both branches
+
+
+def test_only_ids_cross(sampler):
+    """A verification of 8 rows x 5 positions over a 151,936-token vocabulary reads back 16 bytes per row."""
+    vocab, n, k = 151_936, 8, 4
+    rows = [Row(GenerationOptions(temperature=0.8, top_k=50), slot=i) for i in range(n)]
+    rng = np.random.default_rng(0)
+    logits = on_device(random_logits(rng, n * (k + 1), vocab, True), [i * (k + 1) for i in range(n)], [k + 1] * n)
+    sampler.ensure_steps(k, vocab)
+    before = sampler.transfers.to_host
+    sampler.verify(
+        logits,
+        [[1, 2, 3, 4]] * n,
+        settings(rows),
+        [False] * n,
+        list(range(n)),
+        rng.random((n, k), dtype=np.float32),
+        rng.random(n, dtype=np.float32),
+    )
+    read = sampler.transfers.to_host - before
+    assert read <= n * 16 + n * (k + 1), read  # accepted + next (int64 each) and a short flag per position
+
+
+@pytest.fixture(scope="module")
+def pair(zoo):
+    import specrt
+
+    target, draft = zoo.target(), zoo.noisy_draft()
+    return {
+        "graph": specrt.load(target, draft, max_batch=4),
+        "host": specrt.load(target, draft, max_batch=4, sampler="host"),
+    }
+
+
+def _together(engine, prompts, options) -> list:
+    import threading
+
+    out = [None] * len(prompts)
+
+    def run(i):
+        out[i] = engine.complete(prompts[i], options[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_the_engine_reads_back_ids_only(pair):
+    """Batch 4, k = 3, greedy and sampled rows together: on the graph path the host reads a few bytes per
+    row and token; on the numpy path every logits row (the counter sees the difference)."""
+    prompts = ["def f(x):", "import os\n", "class A:", "for i in range(3):"]
+    options = [
+        GenerationOptions(max_new_tokens=30, num_draft_tokens=3, ignore_eos=True, **SETTINGS[i % 3]) for i in range(4)
+    ]
+    per_token = {}
+    for path, engine in pair.items():
+        before = engine.stats
+        gens = _together(engine, prompts, options)
+        assert max(engine.stats["batch_sizes"]) >= 2 and sum(g.stats.drafted for g in gens) > 0
+        per_token[path] = (engine.stats["bytes_to_host"] - before["bytes_to_host"]) / sum(
+            g.stats.new_tokens for g in gens
+        )
+    vocab = pair["graph"].target.vocab_size
+    assert per_token["graph"] <= 64, per_token  # ids, counts, confidences: tens of bytes per token
+    assert per_token["host"] >= 4 * vocab, per_token  # at least one float32 logits row per token
+
+
+def test_a_seeded_request_is_the_same_alone_in_a_batch_and_on_either_path(pair):
+    options = GenerationOptions(
+        max_new_tokens=40, num_draft_tokens=3, temperature=0.8, top_k=20, seed=7, ignore_eos=True
+    )
+    prompt = "def merge(a, b):"
+    alone = {path: e.complete(prompt, options).token_ids for path, e in pair.items()}
+    others = [GenerationOptions(max_new_tokens=50, temperature=1.2, seed=i, ignore_eos=True) for i in range(3)]
+    batched = _together(pair["graph"], [prompt, "x = 1", "import re", "a"], [options, *others])[0].token_ids
+    assert alone["graph"] == alone["host"] == batched
