@@ -201,3 +201,27 @@ def test_a_seeded_request_is_the_same_alone_in_a_batch_and_on_either_path(pair):
     others = [GenerationOptions(max_new_tokens=50, temperature=1.2, seed=i, ignore_eos=True) for i in range(3)]
     batched = _together(pair["graph"], [prompt, "x = 1", "import re", "a"], [options, *others])[0].token_ids
     assert alone["graph"] == alone["host"] == batched
+
+
+def test_device_buffers_start_zeroed(monkeypatch):
+    """On a device other than the CPU, the KV buffers and the logits / q buffers are copied from zeros, never
+    allocated uninitialised (the CPU provider stands in for the device here)."""
+    import onnxruntime as ort
+
+    from specrt.runtime.kvcache import KVCache
+
+    made = []
+    real = ort.OrtValue.ortvalue_from_numpy
+
+    def from_numpy(array, device="cpu", device_id=0):
+        made.append((device, bool(np.all(array == 0))))
+        return real(array)  # on the CPU: this machine has no other device
+
+    def uninitialised(*a, **k):
+        raise AssertionError("a device buffer was allocated uninitialised")
+
+    monkeypatch.setattr(ort.OrtValue, "ortvalue_from_numpy", staticmethod(from_numpy))
+    monkeypatch.setattr(ort.OrtValue, "ortvalue_from_shape_and_type", staticmethod(uninitialised))
+    KVCache(2, 2, 16, 8, device="cuda", rows=2)
+    DeviceBuffer("cuda", 0, Transfers()).reserve(1000)
+    assert made == [("cuda", True)] * 5

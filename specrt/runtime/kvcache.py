@@ -79,10 +79,11 @@ class KVCache:
             self._host = [np.zeros(shape, dtype) for _ in range(2 * num_layers)]
             values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._host]
         else:
-            values = [
-                ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, device, device_id)
-                for _ in range(2 * num_layers)
-            ]
+            # Zeros copied to the device, one layer's worth of host memory at a time: memory fresh from a
+            # device allocator holds anything, NaN included, and a masked attention does not cancel NaN
+            # (0 x NaN = NaN) in the padding slots it reads.
+            zeros = np.zeros(shape, dtype)
+            values = [ort.OrtValue.ortvalue_from_numpy(zeros, device, device_id) for _ in range(2 * num_layers)]
         self.layers = list(zip(values[0::2], values[1::2], strict=True))
         self.rows = [Row(max_len) for _ in range(rows)]
         self.row_nbytes = int(np.prod(shape[1:])) * self.dtype.itemsize  # one slot of one buffer
