@@ -41,17 +41,20 @@ class DeviceBuffer:
         self._host: np.ndarray | None = None  # the CPU provider's backing array
 
     def reserve(self, elements: int) -> None:
-        if elements <= self.capacity:
-            return
+        """At least `elements`, growing geometrically (what was stored is not kept)."""
+        if elements > self.capacity:
+            self.allocate(max(elements, 2 * self.capacity))
+
+    def allocate(self, elements: int) -> None:
+        """A fresh zeroed buffer of exactly `elements`."""
         import onnxruntime as ort
 
-        capacity = max(elements, 2 * self.capacity)
         if self.device == "cpu":
-            self._host = np.zeros(capacity, self.dtype)
+            self._host = np.zeros(elements, self.dtype)
             self._value = ort.OrtValue.ortvalue_from_numpy(self._host)
         else:  # uninitialised device memory holds anything, NaN included: zero it once
-            self._value = ort.OrtValue.ortvalue_from_numpy(np.zeros(capacity, self.dtype), self.device, self.device_id)
-        self.capacity = capacity
+            self._value = ort.OrtValue.ortvalue_from_numpy(np.zeros(elements, self.dtype), self.device, self.device_id)
+        self.capacity = elements
 
     @property
     def ptr(self) -> int:
@@ -70,10 +73,11 @@ class DeviceBuffer:
         size = int(np.prod(shape))
         if self._host is not None:
             out = self._host[:size].reshape(shape)
-        else:
-            out = self._value.numpy()[:size].reshape(shape)
-        self.transfers.received(out)
-        return out
+            self.transfers.received(out)
+            return out
+        whole = self._value.numpy()  # the Python API copies a device OrtValue whole: count what crossed
+        self.transfers.received(whole)
+        return whole[:size].reshape(shape)
 
 
 @dataclass

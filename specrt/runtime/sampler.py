@@ -12,7 +12,9 @@ mean for a request, are the engine's business.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -41,7 +43,7 @@ class Settings:
         c = np.asarray(counts)
         return Settings(*(np.repeat(a, c) for a in (self.greedy, self.temperature, self.top_k, self.top_p)))
 
-    @property
+    @cached_property
     def filtered(self) -> bool:
         """Some sampled row uses top-k or top-p (the graphs without them skip that work)."""
         return bool(((self.top_k > 0) | (self.top_p < 1)).any())
@@ -115,15 +117,12 @@ class GraphSampler:
             return
         self.steps = max(steps, 2 * self.steps if steps > self.steps else self.steps, 1)
         self.vocab = vocab
-        self.q_store.capacity = 0  # a new layout: start from zeros
-        self.q_store.reserve(self.slots * self.steps * vocab)
+        self.q_store.allocate(self.slots * self.steps * vocab)  # a new layout: start from zeros
 
     def _q_shape(self) -> tuple[int, int, int]:
         return self.slots, self.steps, self.vocab
 
     def _run(self, name: str, logits: Logits, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]):
-        import time
-
         pooled = int(logits.positions * logits.vocab > POOLED_FROM)
         io = self._io[name][pooled]
         logits.buffer.bind_input(io, "logits", logits.shape)

@@ -9,6 +9,7 @@ them in place. This module knows nothing about sampling or speculation.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -182,8 +183,6 @@ class ModelSession:
     def _execute(self, io, inputs: dict[str, np.ndarray], positions: int, starts: list[int], keep: list[int]) -> Logits:
         """Bind the host inputs (counted as sent) and the logits buffer, run, and hand back the logits where
         they are."""
-        import time
-
         for name, array in inputs.items():
             io.bind_cpu_input(name, array)
         self.transfers.sent(*inputs.values())
