@@ -1,15 +1,20 @@
 """Attention flavours of the decoder graph: how a layer reads and writes its KV buffer, and which positions
 reach the LM head. The rest of the decoder (embedding, projections, MLP, norms) is the same for both.
 
-- "standard" (default): ai.onnx operators only, opset 24, any batch. Per layer, RotaryEmbedding at each
-  row's own positions (`position_ids [B, S]`), TensorScatter writes the S new keys/values of row b at
-  `write_index[b]` into the layer's buffer `[B, kv_heads, max_seq_len, head_dim]` (bound by the runtime as
-  both past input and present output: the scatter is the past input's only consumer, so ONNX Runtime
-  updates the buffer in place), a Slice keeps the first T slots (T = the mask's last dimension: the
-  batch's longest row; without it the Attention kernel costs O(max_seq_len)), then Attention with the
-  explicit boolean mask `attention_mask [B, 1, S, T]` (True: may attend). Rows are ragged: each row has its
-  own past length and its own number of real new tokens, padded to the widest; the runtime writes the mask.
-  The LM head sees only the positions in `logits_rows [N]` (indices into the flattened [B * S] positions).
+- "standard" (default): ai.onnx operators only, opset 24, any batch. The runtime sends per row only where
+  its new keys/values go (`write_index [B]`, its past length) and how many of the S new tokens are real
+  (`new_tokens [B]`); the graph builds from them each row's positions `past[b] + i` and the causal mask
+  `[B, 1, S, T]` (T = max(past + new): the batch's longest row), so what crosses per run is O(B x S)
+  integers. Per layer, RotaryEmbedding at each row's own positions, TensorScatter writes the S new
+  keys/values of row b at `write_index[b]` into the layer's buffer `[B, kv_heads, max_seq_len, head_dim]`
+  (bound by the runtime as both past input and present output: the scatter is the past input's only
+  consumer, so ONNX Runtime updates the buffer in place), a Slice keeps the first T slots (without it the
+  Attention kernel costs O(max_seq_len)), then Attention with the boolean mask (True: may attend). Rows
+  are ragged: each row has its own past length and its own number of real new tokens, padded to the
+  widest. The LM head sees only the positions in `logits_rows [N]` (indices into the flattened [B * S]
+  positions). Bundles exported before the mask moved into the graph (`graph.masks = "runtime"`) take
+  `position_ids [B, S]` and `attention_mask [B, 1, S, T]` from the runtime instead; the exporter still
+  writes that form on request (`ExportOptions.masks`) so the runtime's support for it stays tested.
 - "gqa": com.microsoft.GroupQueryAttention with RoPE inside and shared past/present buffers, batch 1 for
   multi-token passes (ONNX Runtime's CPU kernel refuses batch > 1 once a row has past context and S > 1);
   the LM head sees the last `logits_to_keep` positions.
@@ -83,50 +88,100 @@ class GQAAttention:
 class StandardAttention:
     name = "standard"
 
-    def __init__(self) -> None:
-        self._length: str | None = None  # T, shared by every layer
-        self._windows: dict[int, str] = {}  # sliding-window masks, one per distinct window
+    def __init__(self, masks: str = "graph") -> None:
+        self.masks = masks  # graph: positions and mask built inside; runtime: sent as inputs (older bundles)
+        self._shared: dict[str, str] = {}  # tensors every layer reads (T, positions, masks), built once
 
     def inputs(self, g, tensor) -> list:
         from onnx import TensorProto as T
 
-        return [
-            tensor(g.input_ids, T.INT64, ["batch", "sequence"]),
-            tensor(g.position_ids, T.INT64, ["batch", "sequence"]),
-            tensor(g.write_index, T.INT64, ["batch"]),
-            tensor(g.attention_mask, T.BOOL, ["batch", 1, "sequence", "total"]),
-            tensor(g.logits_rows, T.INT64, ["rows"]),
-        ]
+        if self.masks == "runtime":
+            rows = [
+                tensor(g.position_ids, T.INT64, ["batch", "sequence"]),
+                tensor(g.write_index, T.INT64, ["batch"]),
+                tensor(g.attention_mask, T.BOOL, ["batch", 1, "sequence", "total"]),
+            ]
+        else:
+            rows = [tensor(g.write_index, T.INT64, ["batch"]), tensor(g.new_tokens, T.INT64, ["batch"])]
+        return [tensor(g.input_ids, T.INT64, ["batch", "sequence"]), *rows, tensor(g.logits_rows, T.INT64, ["rows"])]
 
     def logits_shape(self, vocab: int) -> list:
         return ["rows", vocab]
 
+    def _once(self, name: str, build) -> str:
+        if name not in self._shared:
+            self._shared[name] = build()
+        return self._shared[name]
+
     def _attended(self, dec) -> str:
-        """T: how many slots the batch's longest row attends to, read off the mask's last dimension."""
-        if self._length is None:
-            b = dec.b
-            shape = b.op("Shape", [dec.g.attention_mask], "mask_shape")
-            self._length = b.op(
-                "Slice", [shape, b.const("dim3", np.array([3])), b.const("dim4", np.array([4]))], "attended"
-            )
-        return self._length
+        """T [1]: how many slots the batch's longest row attends to after this run, max(past + new)."""
+        b, g = dec.b, dec.g
+
+        def build() -> str:
+            if self.masks == "runtime":  # the mask's last dimension
+                shape = b.op("Shape", [g.attention_mask], "mask_shape")
+                dims = b.const("dim3", np.array([3])), b.const("dim4", np.array([4]))
+                return b.op("Slice", [shape, *dims], "attended")
+            ends = b.op("Add", [g.write_index, g.new_tokens], "row_ends")
+            return b.op("ReduceMax", [ends, b.const("all_rows", np.array([0]))], "attended", keepdims=1)
+
+        return self._once("attended", build)
+
+    def _position_ids(self, dec) -> str:
+        """[B, S]: past[b] + i, each row's own positions (RoPE, the causal and sliding-window masks)."""
+        b, g = dec.b, dec.g
+        if self.masks == "runtime":
+            return g.position_ids
+
+        def build() -> str:
+            shape = b.op("Shape", [g.input_ids], "ids_shape")
+            width = b.op("Gather", [shape, b.const("seq_dim", np.array(1))], "width", axis=0)
+            start, delta = b.const("steps/start", np.array(0)), b.const("steps/delta", np.array(1))
+            steps = b.op("Range", [start, width, delta], "steps")
+            past = b.op("Unsqueeze", [g.write_index, b.const("row_axis", np.array([1]))], "past_column")
+            return b.op("Add", [past, steps], "position_ids")  # [B, 1] + [S]
+
+        return self._once("positions", build)
+
+    def _keys(self, dec) -> str:
+        """[T]: the slot index of every attended key."""
+        b = dec.b
+
+        def build() -> str:
+            length = b.op("Squeeze", [self._attended(dec)], "attended_scalar")
+            start, delta = b.const("keys/start", np.array(0)), b.const("keys/delta", np.array(1))
+            return b.op("Range", [start, length, delta], "keys")
+
+        return self._once("keys", build)
+
+    def _queries(self, dec) -> str:
+        """[B, 1, S, 1]: each query's position, shaped to broadcast against the keys [T]."""
+        b = dec.b
+
+        def build() -> str:
+            axes = b.const("query_axes", np.array([1, 3]))
+            return b.op("Unsqueeze", [self._position_ids(dec), axes], "query_positions")
+
+        return self._once("queries", build)
 
     def _mask(self, dec, window: int | None) -> str:
-        """The runtime's mask, narrowed for a sliding-window layer to keys j > position - window."""
-        g, b = dec.g, dec.b
+        """[B, 1, S, T]: query i of row b sees slots j <= past[b] + i; a sliding-window layer only those with
+        j > position - window (transformers' window: p - window < j <= p)."""
+        b = dec.b
+        if self.masks == "runtime":
+            causal = dec.g.attention_mask
+        else:
+            causal = self._once("causal", lambda: b.op("GreaterOrEqual", [self._queries(dec), self._keys(dec)], "mask"))
         if window is None:
-            return g.attention_mask
-        if window not in self._windows:
+            return causal
+
+        def build() -> str:
             n = f"window{window}"
-            length = b.op("Squeeze", [self._attended(dec)], f"{n}/T")
-            zero, one = b.const(f"{n}/zero", np.array(0)), b.const(f"{n}/one", np.array(1))
-            keys = b.op("Range", [zero, length, one], f"{n}/keys")  # [T]
-            position = b.op("Unsqueeze", [g.position_ids, b.const(f"{n}/axes", np.array([1, 3]))], f"{n}/pos")
-            # transformers' sliding window: a query at position p sees keys p - window < j <= p.
-            first = b.op("Sub", [position, b.const(f"{n}/w", np.array(window - 1))], f"{n}/first")  # [B, 1, S, 1]
-            inside = b.op("GreaterOrEqual", [keys, first], f"{n}/inside")
-            self._windows[window] = b.op("And", [g.attention_mask, inside], f"{n}/mask")
-        return self._windows[window]
+            first = b.op("Sub", [self._queries(dec), b.const(f"{n}/w", np.array(window - 1))], f"{n}/first")
+            inside = b.op("GreaterOrEqual", [self._keys(dec), first], f"{n}/inside")
+            return b.op("And", [causal, inside], f"{n}/mask")
+
+        return self._once(f"window{window}", build)
 
     def layer(self, dec, i: int, qkv: str, norms, window: int | None) -> str:
         b, a, g = dec.b, dec.arch, dec.g
@@ -137,7 +192,7 @@ class StandardAttention:
         # microseconds of dispatch: for the 0.5B draft, ~6% of a step when q, k and v each had their own).
         heads = b.op("Reshape", [qkv, b.const(f"{n}/heads_shape", np.array([0, 0, nh + 2 * kvh, d]))], f"{n}/heads")
         heads = b.op("Transpose", [heads], f"{n}/heads_first", perm=[0, 2, 1, 3])
-        rope = ["cos_cache", "sin_cache", g.position_ids]
+        rope = ["cos_cache", "sin_cache", self._position_ids(dec)]
         if norms is None:  # RoPE on q and k together
             qk, v = b.op(
                 "Split", [heads, b.const(f"{n}/qk_v", np.array([nh + kvh, kvh]))], f"{n}/split", n_out=2, axis=1
@@ -175,5 +230,5 @@ class StandardAttention:
         return b.op("Gather", [flat, dec.g.logits_rows], "logit_positions", axis=0)
 
 
-def flavour(name: str):
-    return {"standard": StandardAttention, "gqa": GQAAttention}[name]()
+def flavour(name: str, masks: str = "graph"):
+    return StandardAttention(masks) if name == "standard" else GQAAttention()

@@ -1,10 +1,10 @@
 """The ONNX graph: one Llama-family decoder serving prefill, decode and verify over in-place KV buffers.
 
-Inputs: input_ids [1, S], seqlens_k [1] (= total length - 1), total_sequence_length (scalar),
-logits_to_keep [1], and per layer past key/value buffers [1, kv_heads, max_seq_len, head_dim].
-Outputs: logits [1, logits_to_keep, vocab] and per layer present key/value, which the runtime binds to
-the same buffers as the past inputs. com.microsoft.GroupQueryAttention then writes the S new keys and
-values in place at [past, past + S) and applies RoPE from cos/sin tables computed by transformers' own
+The embedding, projections, MLP and norms are built here; how a layer reads and writes its KV buffer, and
+which inputs the graph takes, is its attention flavour's (attention.py: ai.onnx operators for any number
+of ragged rows, or GroupQueryAttention for one). Per layer the past key/value buffers
+[rows, kv_heads, max_seq_len, head_dim] are inputs and the present ones outputs, which the runtime binds to
+the same memory, so the graph updates them in place. RoPE uses cos/sin tables computed by transformers' own
 rotary class, so positions, scaling variants and attention factors match the PyTorch model exactly.
 
 Weights stream from the checkpoint one tensor at a time into the external-data file; q/k/v and gate/up
@@ -149,6 +149,7 @@ def build_graph(
     out_dir: Path,
     progress: Progress,
     graph: str = "standard",
+    masks: str = "graph",
 ) -> tuple[GraphSpec, str, dict[str, str]]:
     """Write model.onnx and model.onnx.data into `out_dir`; return the names the manifest records, the
     SHA-256 of the weights file (hashed as it was written) and, for --quant native, what became of each
@@ -156,7 +157,7 @@ def build_graph(
     from onnx import helper, save_model
 
     attention = "Attention" if graph == "standard" else f"{MS_DOMAIN}.GroupQueryAttention"
-    g = GraphSpec(opset=OPSETS[graph], flavour=graph, attention=attention)
+    g = GraphSpec(opset=OPSETS[graph], flavour=graph, attention=attention, masks=masks)
     data = ExternalData(out_dir / g.data_file)
     decoder = _Decoder(GraphBuilder(data, quant, g.opset), ckpt, spec, arch, g, max_seq_len)
     x = decoder.embed()
@@ -203,7 +204,7 @@ class _Decoder:
         )
         self.biases = spec.biases(ckpt.config)
         self.native_log: dict[str, str] = {}  # HF weight name -> what --quant native did with it
-        self.flavour = flavour(g.flavour)
+        self.flavour = flavour(g.flavour, g.masks)
         self._kv_info = lambda name: helper.make_tensor_value_info(
             name, TensorProto.FLOAT, ["batch", arch.num_kv_heads, max_seq_len, arch.head_dim]
         )

@@ -59,6 +59,10 @@ class ExportOptions:
     # MatMulNBits at the same speed, docs/graph-flavours.md) or MatMulNBits itself (nbits); None: qdq for
     # the standard graph, nbits beside GroupQueryAttention (a contrib-op graph anyway)
     weights: str | None = None
+    # Who builds positions and the attention mask: the graph (what the exporter writes) or the runtime (the
+    # form of bundles exported before, which the runtime still runs; written only by the tests that keep it
+    # so). Not a CLI option.
+    masks: str = "graph"
     validate: bool = True
     name: str | None = None
     overwrite: bool = False
@@ -80,6 +84,8 @@ class ExportOptions:
             object.__setattr__(self, "weights", "qdq" if self.graph == "standard" else "nbits")
         if self.weights not in ("nbits", "qdq"):
             raise ExportError(f"weights {self.weights!r} is not one of nbits, qdq")
+        if self.masks not in ("graph", "runtime"):
+            raise ExportError(f"masks {self.masks!r} is not one of graph, runtime")
         if self.lm_head not in LM_HEAD_FORMATS:
             raise ExportError(f"lm_head {self.lm_head!r} is not one of {', '.join(LM_HEAD_FORMATS)}")
         if self.max_seq_len is not None and self.max_seq_len < 32:
@@ -223,7 +229,7 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
         quant = options.quantization()
         with progress.stage(f"building the graph ({arch.num_layers} layers, {quant.method})"):
             graph, weights_sha256, native_log = build_graph(
-                ckpt, spec, arch, max_seq_len, quant, out, progress, options.graph
+                ckpt, spec, arch, max_seq_len, quant, out, progress, options.graph, options.masks
             )
         if native_log:
             quant = replace(quant, tensors=native_log)

@@ -97,6 +97,38 @@ def test_standard_graph_uses_only_onnx_operators(standard):
         assert [n.op_type for n in readers] == ["TensorScatter"], name
 
 
+@pytest.mark.parametrize("variant", ["llama", "mistral"])
+def test_bundles_whose_runtime_sends_the_mask_still_run(zoo, standard, variant):
+    """Bundles exported before the graph built positions and masks take them from the runtime: same
+    parity, through the same session (mistral: the sliding window narrows the runtime's mask)."""
+    _, ckpt = standard(variant)
+    bundle = zoo.bundle(f"standard-{variant}-runtime-masks", f"parity-{variant}", graph="standard", masks="runtime")
+    import json
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    del manifest["graph"]["masks"]  # as such bundles were written: the field did not exist
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    g = open_bundle(bundle).manifest.graph
+    assert g.masks == "runtime" and g.attention_mask in g.inputs() and g.new_tokens not in g.inputs()
+    assert batched_parity(bundle, ckpt) < 1e-4
+
+
+def test_what_crosses_per_run_is_a_few_integers_per_row(standard):
+    """The graph builds positions and the [B, 1, S, T] mask itself: a run sends the ids, two integers per
+    row and the LM head's positions, whatever the context length."""
+    import onnx
+
+    bundle, _ = standard("mistral")
+    model = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
+    inputs = {i.name for i in model.graph.input if not i.name.startswith("past_key_values")}
+    assert inputs == {"input_ids", "write_index", "new_tokens", "logits_rows"}
+    session = ModelSession(open_bundle(bundle), rows=ROWS)
+    session.run([0, 1, 2], [[1] * 30, [2] * 20, [3] * 25], [1, 1, 1])  # long contexts first
+    sent = session.transfers.to_device
+    session.run([0, 2], [[4, 5, 6], [7]], [3, 1])  # slots 0-2 (1 idle), 3 wide, 4 logits rows
+    assert session.transfers.to_device - sent == 8 * (3 * 3 + 3 + 3 + 4)
+
+
 def test_kv_update_is_in_place(zoo, tmp_path):
     """A one-token step into a large KV buffer writes into the bound buffer and costs a small fraction of
     copying that buffer once: the scatter updates it in place."""

@@ -35,11 +35,14 @@ ROLES = ("target", "draft")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 QUANT_BITS = {"none": None, "int8": 8, "int4": 4, "native": None}
 MAX_LAYERS = 4096
-FLAVOUR_INPUTS = {
-    "standard": ("position_ids", "write_index", "attention_mask", "logits_rows"),
-    "gqa": ("seqlens_k", "total_sequence_length", "logits_to_keep"),
+FLAVOUR_INPUTS = {  # besides input_ids and the KV buffers, per flavour and per `graph.masks`
+    ("standard", "graph"): ("write_index", "new_tokens", "logits_rows"),
+    ("standard", "runtime"): ("position_ids", "write_index", "attention_mask", "logits_rows"),
+    ("gqa", "graph"): ("seqlens_k", "total_sequence_length", "logits_to_keep"),
+    ("gqa", "runtime"): ("seqlens_k", "total_sequence_length", "logits_to_keep"),
 }
-FLAVOURS = tuple(FLAVOUR_INPUTS)
+FLAVOURS = ("standard", "gqa")
+MASKS = ("graph", "runtime")
 MAX_MANIFEST_BYTES = 16 << 20
 
 
@@ -78,19 +81,24 @@ class Quantization:
 class GraphSpec:
     """Graph file and tensor names. KV names are templates formatted with `layer=i`.
 
-    flavour "standard": ai.onnx ops, any batch; inputs input_ids, position_ids, write_index, attention_mask,
-    logits_rows. flavour "gqa": com.microsoft.GroupQueryAttention, batch 1; inputs input_ids, seqlens_k,
-    total_sequence_length, logits_to_keep. engines/README.md documents both contracts."""
+    flavour "standard": ai.onnx ops, any batch; inputs input_ids, write_index, new_tokens, logits_rows (masks
+    "graph": positions and the causal mask built inside) or, in bundles exported before that, input_ids,
+    position_ids, write_index, attention_mask, logits_rows (masks "runtime"). flavour "gqa":
+    com.microsoft.GroupQueryAttention, batch 1; inputs input_ids, seqlens_k, total_sequence_length,
+    logits_to_keep (its mask is always the operator's own). engines/README.md documents the contracts."""
 
     model_file: str = "model.onnx"
     data_file: str = "model.onnx.data"
     flavour: str = "gqa"
     input_ids: str = "input_ids"
-    # standard
-    position_ids: str = "position_ids"
+    # standard: who builds positions and the attention mask. A manifest without the field is from before the
+    # graph built them ("runtime"); the exporter writes "graph".
+    masks: str = "runtime"
     write_index: str = "write_index"
-    attention_mask: str = "attention_mask"
+    new_tokens: str = "new_tokens"
     logits_rows: str = "logits_rows"
+    position_ids: str = "position_ids"  # masks "runtime" only
+    attention_mask: str = "attention_mask"  # masks "runtime" only
     # gqa
     seqlens_k: str = "seqlens_k"
     total_sequence_length: str = "total_sequence_length"
@@ -105,6 +113,10 @@ class GraphSpec:
     kv_dtype: str = "float32"
     attention: str = "com.microsoft.GroupQueryAttention"
     opset: int = 18
+
+    def inputs(self) -> tuple[str, ...]:
+        """The graph's inputs other than the KV buffers."""
+        return (self.input_ids, *(getattr(self, name) for name in FLAVOUR_INPUTS[self.flavour, self.masks]))
 
     def kv_names(self, layer: int) -> tuple[str, str, str, str]:
         """(past_key, past_value, present_key, present_value) of one layer."""
@@ -259,7 +271,8 @@ def _check(m: Manifest, where: str) -> None:
     need(q.lm_head_bits in (None, 4, 8), "quantization.lm_head_bits", q.lm_head_bits, "4, 8 or null")
     need(q.form in ("nbits", "qdq"), "quantization.form", q.form, "nbits or qdq")
     need(m.graph.flavour in FLAVOURS, "graph.flavour", m.graph.flavour, " or ".join(FLAVOURS))
-    for name in ("model_file", "data_file", "input_ids", "logits", *FLAVOUR_INPUTS.get(m.graph.flavour, ())):
+    need(m.graph.masks in MASKS, "graph.masks", m.graph.masks, " or ".join(MASKS))
+    for name in ("model_file", "data_file", "input_ids", "logits", *FLAVOUR_INPUTS[m.graph.flavour, m.graph.masks]):
         need(bool(getattr(m.graph, name)), f"graph.{name}", getattr(m.graph, name), "a non-empty name")
     for name in ("past_key", "past_value", "present_key", "present_value"):
         template = getattr(m.graph, name)

@@ -150,10 +150,7 @@ class ModelSession:
         a = m.architecture
         inputs = {i.name: i.shape for i in self.session.get_inputs()}
         outputs = {o.name: o.shape for o in self.session.get_outputs()}
-        if g.flavour == "standard":
-            want_in = {g.input_ids, g.position_ids, g.write_index, g.attention_mask, g.logits_rows}
-        else:
-            want_in = {g.input_ids, g.seqlens_k, g.total_sequence_length, g.logits_to_keep}
+        want_in = set(g.inputs())
         want_out = {g.logits}
         for layer in range(a.num_layers):
             pk, pv, ok, ov = g.kv_names(layer)
@@ -259,15 +256,18 @@ class ModelSession:
         for r, x in new.items():
             input_ids[r, : len(x)] = x
             real[r] = len(x)
-        positions = past[:, None] + np.arange(width)[None, :]
-        total = int((past + real).max())  # T: the slots the longest row attends to
-        mask = np.arange(total)[None, None, None, :] <= positions[:, None, :, None]  # causal, per row
         # The LM head reads each row's last keep[i] real positions, indexed in the flattened [B * S] batch.
         last = [(slot - lo) * width + real[slot - lo] - k + np.arange(k) for slot, k in zip(slots, keep, strict=True)]
         rows_out = np.concatenate(last).astype(np.int64)
         g = self.graph
         io = self._bind_rows(lo, hi)
-        inputs = {g.input_ids: input_ids, g.position_ids: positions, g.write_index: past, g.attention_mask: mask}
+        if g.masks == "graph":  # the graph builds positions and the causal mask from these: O(B) integers
+            inputs = {g.input_ids: input_ids, g.write_index: past, g.new_tokens: real}
+        else:  # a bundle from before: positions [B, S] and the mask [B, 1, S, T] made here
+            positions = past[:, None] + np.arange(width)[None, :]
+            total = int((past + real).max())  # T: the slots the longest row attends to
+            mask = np.arange(total)[None, None, None, :] <= positions[:, None, :, None]  # causal, per row
+            inputs = {g.input_ids: input_ids, g.position_ids: positions, g.write_index: past, g.attention_mask: mask}
         starts = np.concatenate([[0], np.cumsum(keep)[:-1]]).tolist()
         logits = self._execute(io, {**inputs, g.logits_rows: rows_out}, len(rows_out), starts, list(keep))
         for slot, x in zip(slots, ids, strict=True):
