@@ -14,30 +14,65 @@ projections are fused into one MatMul each (fewer, larger kernels).
 from __future__ import annotations
 
 import importlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from ..bundle.manifest import Architecture, GraphSpec, Quantization
+from ..bundle.manifest import DTYPES, Architecture, GraphSpec, Quantization
 from .archs import ArchSpec
 from .attention import MS_DOMAIN, OPSETS, flavour
 from .native import Blocks, NBits, describe, layout_key, to_nbits
 from .progress import Progress
 from .source import Checkpoint
-from .weights import ExternalData, quantize_blockwise, to_qdq
+from .weights import ExternalData, in_dtype, quantize_blockwise, to_qdq
+
+ONNX_FLOAT = {"fp32": 1, "fp16": 10, "bf16": 16}  # TensorProto.FLOAT, FLOAT16, BFLOAT16
 
 
 class GraphBuilder:
-    """Collects nodes and initializers; knows how to emit a (quantized) linear layer and an RMSNorm."""
+    """Collects nodes and initializers; knows how to emit a (quantized) linear layer and an RMSNorm.
 
-    def __init__(self, data: ExternalData, quant: Quantization, opset: int = 24):
+    `dtype` is the bundle's: activations, KV buffers and float weights. `compute` is the type of the maths
+    being emitted, the dtype except inside `float32()` (the final norm and the LM head)."""
+
+    def __init__(self, data: ExternalData, quant: Quantization, opset: int = 24, dtype: str = "fp32"):
         self.data, self.quant, self.opset = data, quant, opset
+        self.dtype = self.compute = dtype
         self.nodes: list = []
         self.initializers: list = []
 
-    def const(self, name: str, array: np.ndarray, packed: tuple[int, list[int]] | None = None) -> str:
+    @property
+    def float_type(self) -> int:
+        """The ONNX element type of the activations being emitted."""
+        return ONNX_FLOAT[self.compute]
+
+    @contextmanager
+    def float32(self):
+        """Emit float32 maths (float constants in float32) inside the block."""
+        saved, self.compute = self.compute, "fp32"
+        try:
+            yield
+        finally:
+            self.compute = saved
+
+    def const(
+        self, name: str, array: np.ndarray, packed: tuple[int, list[int]] | None = None, dtype: str | None = None
+    ) -> str:
+        """An initializer; float arrays in `dtype` (default: the maths being emitted)."""
+        if packed is None and array.dtype.kind == "f":
+            array = in_dtype(array, dtype or self.compute, name)
         self.initializers.append(self.data.tensor(name, array, packed))
         return name
+
+    def float_weight(self, name: str, array: np.ndarray) -> str:
+        """A float weight stored in the bundle's dtype and used in the maths' type: float32 maths over a
+        narrower stored weight reads it through a Cast, which ONNX Runtime folds into a float32 copy at load
+        (the file stays small; the LM head accumulates in float32)."""
+        w = self.const(name, array, dtype=self.dtype)
+        if self.compute == self.dtype:
+            return w
+        return self.op("Cast", [w], f"{name}/{self.compute}", to=self.float_type)
 
     def op(
         self,
@@ -79,7 +114,7 @@ class GraphBuilder:
                 inputs.append(self.const(f"{name}.zero_points", zero_points))
             y = self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, **attrs)
         else:
-            y = self.op("MatMul", [x, self.const(f"{name}.weight", weight.T)], name)
+            y = self.op("MatMul", [x, self.float_weight(f"{name}.weight", weight.T)], name)
         if bias is not None:
             y = self.op("Add", [y, self.const(f"{name}.bias", bias)], f"{name}/bias")
         return y
@@ -150,6 +185,7 @@ def build_graph(
     progress: Progress,
     graph: str = "standard",
     masks: str = "graph",
+    dtype: str = "fp32",
 ) -> tuple[GraphSpec, str, dict[str, str]]:
     """Write model.onnx and model.onnx.data into `out_dir`; return the names the manifest records, the
     SHA-256 of the weights file (hashed as it was written) and, for --quant native, what became of each
@@ -157,9 +193,9 @@ def build_graph(
     from onnx import helper, save_model
 
     attention = "Attention" if graph == "standard" else f"{MS_DOMAIN}.GroupQueryAttention"
-    g = GraphSpec(opset=OPSETS[graph], flavour=graph, attention=attention, masks=masks)
+    g = GraphSpec(opset=OPSETS[graph], flavour=graph, attention=attention, masks=masks, kv_dtype=DTYPES[dtype])
     data = ExternalData(out_dir / g.data_file)
-    decoder = _Decoder(GraphBuilder(data, quant, g.opset), ckpt, spec, arch, g, max_seq_len)
+    decoder = _Decoder(GraphBuilder(data, quant, g.opset, dtype), ckpt, spec, arch, g, max_seq_len)
     x = decoder.embed()
     with progress.bar(arch.num_layers, f"building graph ({quant.method})", unit="layer") as bar:
         for i in range(arch.num_layers):
@@ -206,7 +242,7 @@ class _Decoder:
         self.native_log: dict[str, str] = {}  # HF weight name -> what --quant native did with it
         self.flavour = flavour(g.flavour, g.masks)
         self._kv_info = lambda name: helper.make_tensor_value_info(
-            name, TensorProto.FLOAT, ["batch", arch.num_kv_heads, max_seq_len, arch.head_dim]
+            name, ONNX_FLOAT[b.dtype], ["batch", arch.num_kv_heads, max_seq_len, arch.head_dim]
         )
         self.inputs = self.flavour.inputs(g, helper.make_tensor_value_info)
         logits = helper.make_tensor_value_info(g.logits, TensorProto.FLOAT, self.flavour.logits_shape(arch.vocab_size))
@@ -241,7 +277,7 @@ class _Decoder:
     def _native_group(self, x: str, name: str, weights: list[str], blocks: list[Blocks | None]) -> str:
         if blocks[0] is None:  # float tensors in the file: fp32, exactly as stored
             weight = np.concatenate([self.w(n) for n in weights])
-            return self.b.op("MatMul", [x, self.b.const(f"{name}.weight", weight.T)], name)
+            return self.b.op("MatMul", [x, self.b.float_weight(f"{name}.weight", weight.T)], name)
         return self.b.nbits_linear(x, name, to_nbits(blocks), blocks[0].shape[1])
 
     def fused_bias(self, prefix: str, parts: tuple[str, ...]) -> np.ndarray | None:
@@ -300,15 +336,22 @@ class _Decoder:
         return b.op("Add", [x, down], f"{n}/residual")
 
     def lm_head(self, x: str) -> None:
+        """The final norm and the LM head in float32 whatever the bundle's dtype (the logits the samplers
+        read are float32, and a near-tie must not be decided by fp16 rounding)."""
         b, g, arch, q = self.b, self.g, self.arch, self.b.quant
-        h = b.rms_norm(x, self.w("model.norm.weight"), arch.rms_norm_eps, "final_norm")
-        h = self.flavour.select(self, h)  # only the positions whose logits the runtime reads
-        head = "model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"
-        if q.method == "native" and (not q.lm_head or q.lm_head_bits):
-            # fp32: the file's values dequantized (exact); int8/int4: re-quantized from them (not exact).
-            logits = b.linear(h, "lm_head", self.w(head), None, quantize=q.lm_head, bits=q.lm_head_bits)
-            how = f"MatMulNBits {q.lm_head_bits}-bit re-quantized (NOT exact)" if q.lm_head else "fp32 MatMul (exact)"
-            self.native_log[head] = f"{self.ckpt.native(head)[1]} -> {how}"
-        else:
-            logits = self.project(h, "lm_head", [head], None, quantize=q.lm_head)
+        if b.dtype != "fp32":
+            x = b.op("Cast", [x], "final_norm/float32", to=ONNX_FLOAT["fp32"])
+        with b.float32():
+            h = b.rms_norm(x, self.w("model.norm.weight"), arch.rms_norm_eps, "final_norm")
+            h = self.flavour.select(self, h)  # only the positions whose logits the runtime reads
+            head = "model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"
+            if q.method == "native" and (not q.lm_head or q.lm_head_bits):
+                # fp32: the file's values dequantized (exact); int8/int4: re-quantized from them (not exact).
+                logits = b.linear(h, "lm_head", self.w(head), None, quantize=q.lm_head, bits=q.lm_head_bits)
+                how = "fp32 MatMul (exact)"
+                if q.lm_head:
+                    how = f"MatMulNBits {q.lm_head_bits}-bit re-quantized (NOT exact)"
+                self.native_log[head] = f"{self.ckpt.native(head)[1]} -> {how}"
+            else:
+                logits = self.project(h, "lm_head", [head], None, quantize=q.lm_head)
         b.op("Identity", [logits], "logits", n_out=[g.logits])

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..bundle.integrity import record
-from ..bundle.manifest import MANIFEST_FILE, PROFILE_DIR, ROLES, Architecture, Manifest, Quantization, Source
+from ..bundle.manifest import DTYPES, MANIFEST_FILE, PROFILE_DIR, ROLES, Architecture, Manifest, Quantization, Source
 from ..bundle.tokenizer import TOKENIZER_FILE
 from ..errors import ExportError, UnsupportedModelError
 from .archs import ArchSpec, lookup
@@ -48,7 +48,8 @@ _BUNDLE_FILES = ("manifest.json", "model.onnx", "model.onnx.data", "tokenizer.js
 class ExportOptions:
     role: str = "target"
     max_seq_len: int | None = None  # default: min(max_position_embeddings, 4096)
-    dtype: str = "fp32"
+    dtype: str = "fp32"  # activations, KV buffers and float weights: fp32 | fp16 | bf16 (norm statistics,
+    # the final norm, the LM head and the logits stay float32)
     quant: str = "none"  # none | int8 | int4 (MatMulNBits, block-wise) | native (a GGUF's own blocks)
     block_size: int = 32
     accuracy_level: int = 4  # MatMulNBits compute type: 4 = int8 activations (fastest on CPU)
@@ -70,8 +71,8 @@ class ExportOptions:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ExportError(f"role {self.role!r} is not one of {', '.join(ROLES)}")
-        if self.dtype != "fp32":
-            raise ExportError(f"dtype {self.dtype!r} is not supported yet; use --dtype fp32")
+        if self.dtype not in DTYPES:
+            raise ExportError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.quant not in QUANT_METHODS:
             raise ExportError(f"quant {self.quant!r} is not one of {', '.join(QUANT_METHODS)}")
         if self.block_size not in (16, 32, 64, 128, 256):
@@ -229,7 +230,7 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
         quant = options.quantization()
         with progress.stage(f"building the graph ({arch.num_layers} layers, {quant.method})"):
             graph, weights_sha256, native_log = build_graph(
-                ckpt, spec, arch, max_seq_len, quant, out, progress, options.graph, options.masks
+                ckpt, spec, arch, max_seq_len, quant, out, progress, options.graph, options.masks, options.dtype
             )
         if native_log:
             quant = replace(quant, tensors=native_log)
@@ -252,7 +253,9 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
                 "transformers": transformers.__version__,
             },
         )
-        if options.validate:
+        if options.validate and options.dtype == "bf16":
+            progress.log("bf16: not validated (ONNX Runtime's CPU provider has no bfloat16 kernels to run it)")
+        elif options.validate:
             with progress.stage("validating against PyTorch"):
                 v = validate(
                     ckpt, out, manifest, gated=quant.method == "none" and not quant.lm_head_bits, progress=progress

@@ -1,4 +1,5 @@
-"""Writing weights: an append-only external-data file, and block-wise int4/int8 weight quantization.
+"""Writing weights: an append-only external-data file, float weights in the bundle's dtype, and block-wise
+int4/int8 weight quantization.
 
 Each tensor is written as soon as it is produced and then dropped, so an export never holds two copies of
 the model. Quantization calls ONNX Runtime's own block quantizer (the C++ kernel behind
@@ -46,7 +47,7 @@ class ExternalData:
         if pad:
             self._write(b"\0" * pad)
             self.offset += pad
-        self._write(memoryview(array).cast("B"))  # no bytes copy of large tensors
+        self._write(memoryview(array.view(np.uint8)).cast("B"))  # no bytes copy (bfloat16 has no buffer format)
         proto = TensorProto()
         proto.name = name
         proto.data_type = packed[0] if packed else helper.np_dtype_to_tensor_dtype(array.dtype)
@@ -60,6 +61,27 @@ class ExternalData:
 
     def close(self) -> None:
         self._file.close()
+
+
+def in_dtype(array: np.ndarray, dtype: str, name: str) -> np.ndarray:
+    """A float32 weight in the bundle's dtype: fp32 as is, fp16 (numpy's half; refused when a finite value
+    overflows it), bf16 (ml_dtypes' bfloat16, which onnx writes as BFLOAT16: round to nearest even)."""
+    from ..errors import ExportError
+
+    if dtype == "fp32":
+        return array
+    if dtype == "bf16":
+        import ml_dtypes
+
+        return array.astype(ml_dtypes.bfloat16)
+    with np.errstate(over="ignore"):
+        narrow = array.astype(np.float16)
+    if not np.isfinite(narrow).all() and np.isfinite(array).all():
+        worst = float(np.abs(array).max())
+        raise ExportError(
+            f"weight {name}: |value| up to {worst:.4g} overflows fp16 (max 65504); export with --dtype bf16"
+        )
+    return narrow
 
 
 def quantize_blockwise(

@@ -13,55 +13,13 @@ from pathlib import Path
 
 import click
 
+from .cli_options import DraftCount, PathType, engine_options, export_options
 from .errors import BundleError, OptionsError, SpecrtError
 from .version import __version__
-
-PathType = click.Path(path_type=Path)
 
 
 def _debug() -> bool:
     return os.environ.get("SPECRT_DEBUG", "") not in ("", "0")
-
-
-class DraftCount(click.ParamType):
-    """`auto` (the cost model picks k each round) or an integer."""
-
-    name = "auto|N"
-
-    def convert(self, value, param, ctx):
-        if value is None or value == "auto" or isinstance(value, int):
-            return None if value in (None, "auto") else value
-        if not value.lstrip("-").isdigit():
-            self.fail(f"{value!r} is not 'auto' or an integer", param, ctx)
-        return int(value)
-
-
-def engine_options(f):
-    """Options shared by every command that runs bundles."""
-    for decorator in reversed(
-        [
-            click.option("--target", required=True, type=PathType, help="Target bundle folder."),
-            click.option(
-                "--draft",
-                "drafts",
-                multiple=True,
-                help="Draft bundle folder, or 'ngram' for prompt lookup; repeat to combine (auto k: the drafter "
-                "promising more drafts each round; fixed k: n-gram first).",
-            ),
-            click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True),
-            click.option("--threads", type=int, default=0, show_default=True, help="Target threads (0: auto)."),
-            click.option("--draft-threads", type=int, default=None, help="Draft threads [default: --threads]."),
-            click.option(
-                "--spinning/--no-spinning",
-                default=True,
-                show_default=True,
-                help="ONNX Runtime threads spin while a run waits for work (with a draft model loaded they stop "
-                "when each run returns, leaving the cores to the other model).",
-            ),
-        ]
-    ):
-        f = decorator(f)
-    return f
 
 
 def _load(kw: dict, max_batch: int = 1):
@@ -90,53 +48,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--model", required=True, type=PathType, help="Hugging Face model folder or .gguf file.")
-@click.option("--role", type=click.Choice(["target", "draft"]), required=True, help="What the bundle is for.")
-@click.option("--out", type=PathType, default=None, help="Bundle folder [default: engines/<model>-<quant>].")
-@click.option("--max-seq-len", type=int, default=None, help="KV buffer length [default: min(model max, 4096)].")
-@click.option("--dtype", type=click.Choice(["fp32"]), default="fp32", show_default=True)
-@click.option(
-    "--quant",
-    type=click.Choice(["none", "int8", "int4", "native"]),
-    default=None,
-    help="Weight-only quantization of the linear layers (MatMulNBits); native: a GGUF file's own quantized "
-    "weights, not re-quantized [default: by role, see README].",
-)
-@click.option(
-    "--graph",
-    type=click.Choice(["standard", "gqa"]),
-    default="standard",
-    show_default=True,
-    help="standard: ai.onnx operators, any batch (TensorScatter + Attention with a mask); gqa: "
-    "com.microsoft.GroupQueryAttention, batch 1 (a 0.5B step ~5% faster, docs/graph-flavours.md).",
-)
-@click.option(
-    "--weights",
-    type=click.Choice(["nbits", "qdq"]),
-    default=None,
-    help="Quantized weights as standard DequantizeLinear + MatMul (qdq: ONNX Runtime fuses them into "
-    "MatMulNBits, same speed) or as com.microsoft.MatMulNBits (nbits) [default: qdq for the standard graph, "
-    "nbits for gqa].",
-)
-@click.option("--block-size", type=int, default=None, help="Quantization block size [default: by quant].")
-@click.option("--accuracy-level", type=int, default=None, help="MatMulNBits accuracy level [default: by quant].")
-@click.option(
-    "--lm-head",
-    type=click.Choice(["quantized", "int8", "int4", "fp32"]),
-    default=None,
-    help="LM head precision: as the body (quantized), its own bit width, or fp32 [default: quantized].",
-)
-@click.option(
-    "--symmetric/--asymmetric",
-    default=True,
-    show_default=True,
-    help="int4/int8: symmetric blocks, or a zero point per block.",
-)
-@click.option("--validate/--no-validate", default=True, show_default=True, help="Compare with PyTorch (2x memory).")
-@click.option("--profile/--no-profile", default=True, show_default=True, help="Measure the verify-cost profile.")
-@click.option("--name", default=None, help="Bundle name in the manifest [default: model file or folder name].")
-@click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
-@click.option("--quiet", is_flag=True, help="No progress output.")
+@export_options
 def export(model, out, quiet, profile, **kw):
     """Export a checkpoint to an engine bundle (needs: pip install 'specrt[export]')."""
     from .export import ExportOptions, Progress, export_bundle
@@ -145,7 +57,9 @@ def export(model, out, quiet, profile, **kw):
     out = out or Path("engines") / f"{model.name.removesuffix('.gguf')}-{options.quant_label}"
     progress = Progress(enabled=False if quiet else None)
     manifest = export_bundle(model, out, options, progress)
-    if profile:  # before the summary, so that it lists the profile
+    if profile and manifest.dtype == "bf16":  # no CPU kernels to time it with
+        progress.log("bf16: not profiled here (ONNX Runtime's CPU provider has no bfloat16 kernels)")
+    elif profile:  # before the summary, so that it lists the profile
         _profile_bundle(out, progress.log)
     click.echo(f"bundle written to {out}")
     from .bundle.describe import describe

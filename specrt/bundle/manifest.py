@@ -43,6 +43,8 @@ FLAVOUR_INPUTS = {  # besides input_ids and the KV buffers, per flavour and per 
 }
 FLAVOURS = ("standard", "gqa")
 MASKS = ("graph", "runtime")
+# The bundle's dtype (activations, float weights) -> its KV buffers' element type (graph.kv_dtype).
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 MAX_MANIFEST_BYTES = 16 << 20
 
 
@@ -264,8 +266,9 @@ def _check(m: Manifest, where: str) -> None:
         need(math.isfinite(value) and value > 0, f"architecture.{name}", value, "a finite number > 0")
     need(a.sliding_window is None or a.sliding_window >= 1, "architecture.sliding_window", a.sliding_window, ">= 1")
     need(m.max_seq_len >= 2, "max_seq_len", m.max_seq_len, ">= 2")
-    need(m.dtype == "fp32", "dtype", m.dtype, "'fp32'")
-    need(m.graph.kv_dtype == "float32", "graph.kv_dtype", m.graph.kv_dtype, "'float32'")
+    need(m.dtype in DTYPES, "dtype", m.dtype, " or ".join(DTYPES))
+    kv = DTYPES.get(m.dtype)
+    need(m.graph.kv_dtype == kv, "graph.kv_dtype", m.graph.kv_dtype, f"{kv!r} for dtype {m.dtype}")
     need(q.method in QUANT_BITS, "quantization.method", q.method, " or ".join(QUANT_BITS))
     need(q.bits == QUANT_BITS.get(q.method), "quantization.bits", q.bits, f"{QUANT_BITS.get(q.method)} for {q.method}")
     need(q.lm_head_bits in (None, 4, 8), "quantization.lm_head_bits", q.lm_head_bits, "4, 8 or null")

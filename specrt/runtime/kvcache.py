@@ -58,6 +58,11 @@ class Row:
         self.ids.clear()
 
 
+# graph.kv_dtype -> (numpy storage type, ONNX element type). numpy has no bfloat16: its buffers are uint16
+# bytes that ONNX Runtime is told hold BFLOAT16.
+KV_TYPES = {"float32": (np.float32, 1), "float16": (np.float16, 10), "bfloat16": (np.uint16, 16)}
+
+
 class KVCache:
     def __init__(
         self,
@@ -65,7 +70,7 @@ class KVCache:
         num_kv_heads: int,
         max_len: int,
         head_dim: int,
-        dtype: type = np.float32,
+        dtype: str = "float32",
         device: str = "cpu",
         device_id: int = 0,
         rows: int = 1,
@@ -73,17 +78,24 @@ class KVCache:
         import onnxruntime as ort
 
         shape = [rows, num_kv_heads, max_len, head_dim]
-        self.max_len, self.shape, self.dtype = max_len, shape, np.dtype(dtype)
+        storage, self.element_type = KV_TYPES[dtype]
+        self.max_len, self.shape, self.dtype = max_len, shape, np.dtype(storage)
+        # What IO binding is told the buffers hold: a numpy type, or the ONNX type numpy lacks.
+        self.bind_type = self.dtype if dtype != "bfloat16" else self.element_type
         if device == "cpu":
             # Zeroed host arrays wrapped without a copy (kept alive here): no uninitialised memory, ever.
-            self._host = [np.zeros(shape, dtype) for _ in range(2 * num_layers)]
-            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._host]
+            self._host = [np.zeros(shape, storage) for _ in range(2 * num_layers)]
+            values = [ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, self.element_type) for a in self._host]
         else:
             # Zeros copied to the device, one layer's worth of host memory at a time: memory fresh from a
             # device allocator holds anything, NaN included, and a masked attention does not cancel NaN
             # (0 x NaN = NaN) in the padding slots it reads.
-            zeros = np.zeros(shape, dtype)
-            values = [ort.OrtValue.ortvalue_from_numpy(zeros, device, device_id) for _ in range(2 * num_layers)]
+            zeros = np.zeros(shape, storage)
+            values = []
+            for _ in range(2 * num_layers):
+                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, self.element_type, device, device_id)
+                value.update_inplace(zeros)  # a byte copy host -> device
+                values.append(value)
         self.layers = list(zip(values[0::2], values[1::2], strict=True))
         self.rows = [Row(max_len) for _ in range(rows)]
         self.row_nbytes = int(np.prod(shape[1:])) * self.dtype.itemsize  # one slot of one buffer

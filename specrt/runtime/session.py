@@ -18,7 +18,7 @@ import numpy as np
 from ..bundle.loading import Bundle
 from ..errors import BundleError, OptionsError
 from .buffers import DeviceBuffer, Logits, Transfers
-from .kvcache import KVCache
+from .kvcache import KV_TYPES, KVCache
 
 DEVICES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -61,6 +61,11 @@ class ModelSession:
                 "batch 1); re-export it with --graph standard"
             )
 
+        if m.dtype == "bf16" and options.device == "cpu":
+            raise OptionsError(
+                f"{bundle.path}: a bf16 bundle needs a GPU (ONNX Runtime's CPU provider has no bfloat16 kernels); "
+                "run it with --device cuda, or export the model with --dtype fp16 for the CPU"
+            )
         provider = DEVICES[options.device]
         available = ort.get_available_providers()
         if provider not in available:
@@ -94,13 +99,14 @@ class ModelSession:
                 arch.num_kv_heads,
                 m.max_seq_len,
                 arch.head_dim,
-                np.float32,
+                g.kv_dtype,
                 options.device,
                 options.device_id,
                 rows,
             )
         except (MemoryError, ValueError) as e:
-            need = 8 * rows * arch.num_layers * arch.num_kv_heads * m.max_seq_len * arch.head_dim / 2**30
+            size = np.dtype(KV_TYPES[g.kv_dtype][0]).itemsize
+            need = 2 * size * rows * arch.num_layers * arch.num_kv_heads * m.max_seq_len * arch.head_dim / 2**30
             raise BundleError(
                 f"{bundle.path}: cannot allocate the KV buffers ({need:.1f} GiB for max_seq_len {m.max_seq_len}: "
                 f"{type(e).__name__}); re-export with a smaller --max-seq-len"
@@ -135,7 +141,7 @@ class ModelSession:
                 (present_k, key, io.bind_output),
                 (present_v, value, io.bind_output),
             ):
-                bind(name, device, device_id, kv.dtype, shape, buf.data_ptr() + lo * kv.row_nbytes)
+                bind(name, device, device_id, kv.bind_type, shape, buf.data_ptr() + lo * kv.row_nbytes)
         return io
 
     @property
