@@ -336,3 +336,34 @@ def test_a_batch_always_gets_its_ceiling(zoo, tmp_path, monkeypatch):
     # Nothing stored and others running: no measuring over their slots (the next lone admission measures).
     fresh = specrt.load(shutil.copytree(zoo.target(), tmp_path / "t2", ignore=no_profiles), max_batch=2, ngram=True)
     assert fresh._batch_cost(alone=False) is None
+
+
+def test_the_batch_learns_its_rounds_without_the_drafts_catch_up(zoo, tmp_path):
+    """A draft slot behind its row (a new request's prompt, or rounds decoded plain) catches up before the
+    round drafts. That is the price of switching drafting on, not of the round's k: learned as part of a
+    drafting round's time, it priced drafting as dear as the catch-up made it, which kept the batch plain
+    (fp32 target, 4 rows: plain in 509 of 720 row-rounds where k = 3 ran 1.38x faster)."""
+    import shutil
+
+    no_profiles = shutil.ignore_patterns("profiles")
+    target = shutil.copytree(zoo.target(), tmp_path / "t", ignore=no_profiles)
+    draft = shutil.copytree(zoo.noisy_draft(), tmp_path / "d", ignore=no_profiles)
+    engine = specrt.load(target, draft, max_batch=2)
+    engine.complete("def f(x):", GenerationOptions(max_new_tokens=4, num_draft_tokens=2))  # builds the batch cost
+    cost = engine.scheduler.batch_cost
+    learned, observe = [], cost.observe
+    cost.observe = lambda choice, drafted, *a: (learned.append(a[-1]), observe(choice, drafted, *a))
+    run, catch_ups = engine.draft.run_logits, []
+
+    def slow_catch_up(slots, ids, keep):  # a catch-up run (more than the 1-2 tokens of a drafting step)
+        if max(len(x) for x in ids) > 2:
+            catch_ups.append(len(ids[0]))
+            time.sleep(0.3)
+        return run(slots, ids, keep)
+
+    engine.draft.run_logits = slow_catch_up
+    long_prompts = [p + " and then some more words" for p in prompts(2)]
+    jobs = [(p, GenerationOptions(max_new_tokens=8, num_draft_tokens=2, ignore_eos=True)) for p in long_prompts]
+    run_concurrently(engine, jobs, fill=True)
+    assert catch_ups and learned, (catch_ups, learned)  # slots caught up, batched rounds were learned from
+    assert max(learned) < 250, learned  # no round's learned time holds a 300 ms catch-up

@@ -41,6 +41,9 @@ class Proposal:
 class Runner:
     def __init__(self, target: ModelSession, draft: ModelSession | None, decider):
         self.target, self.draft, self.decider = target, draft, decider
+        # Milliseconds the last `propose` spent catching draft slots up: a cost of switching drafting back
+        # on after rounds without it, not of the round's k (the batch's cost model must not learn it as such).
+        self.catch_up_ms = 0.0
 
     def prefill(self, request: Request, chunk: int) -> int | None:
         """Feed the next chunk of the prompt (all but its last token stays in the cache); the first token once
@@ -60,9 +63,11 @@ class Runner:
     ) -> dict[int, Proposal]:
         """Up to k tokens per (request, k); more(request, k, confidences) may end a row's drafting early."""
         out = {r.id: Proposal() for r, _ in rows}
+        self.catch_up_ms = 0.0
         if not rows:
             return out
         kv = self.draft.kv
+        t0 = time.perf_counter()
         for r, _ in rows:  # a slot far behind catches up alone first (it would pad the batched steps)
             behind = len(r.tokens) - kv.rows[r.slot].length
             while behind > 2:
@@ -70,6 +75,7 @@ class Runner:
                 start = kv.rows[r.slot].length
                 self.draft.run_logits([r.slot], [r.tokens[start : start + n]], [1])  # logits unread
                 behind -= n
+        self.catch_up_ms = 1000 * (time.perf_counter() - t0)
         active = {r.id: (r, k) for r, k in rows}
         feed = {r.id: r.tokens[kv.rows[r.slot].length :] for r, _ in rows}  # the last 1-2 tokens
         steps: dict[int, list[float]] = {r.id: [] for r, _ in rows}

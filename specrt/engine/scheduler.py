@@ -167,9 +167,10 @@ class Scheduler:
             elif p.drafter == NGRAM and p.k:
                 p.proposal = Proposal(p.lookup, lookup=True)
         decided, target_ms = self.runner.target_pass([(r, p.proposal) for r, p in zip(rows, plans, strict=True)])
-        if batch is not None:
+        if batch is not None:  # the round's own steps: a draft slot's catch-up after plain rounds is not k's cost
             drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == MODEL for p in plans]
-            self.batch_cost.observe(batch, drafted, model, context, draft_ms + target_ms)
+            round_ms = draft_ms - self.runner.catch_up_ms + target_ms
+            self.batch_cost.observe(batch, drafted, model, context, round_ms)
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, (n, nxt) in zip(rows, plans, decided, strict=True):
