@@ -3,11 +3,15 @@
 
     python scripts/bench_host.py --out results/host                          # the real int4 pair
     python scripts/bench_host.py --target T --draft D --out results/host-tiny --tokens 48
+    python scripts/bench_host.py --numpy-target OLD_T --numpy-draft OLD_D --out results/host-before-after
+                                 # numpy on bundles exported before (the mask sent per run) against the graphs
+
 
 For each configuration (batch 1 / 4 / 8, k = 0 / 4, greedy / sampled at T = 0.8, top-k 50) and each path,
 interleaved (ABBA over `--repeats`), B requests of `--tokens` new tokens run together with a fixed k. Host
 time per round = (wall time - time inside ONNX Runtime, models and sampler graphs) / rounds; bytes per
-round from the engine's transfer counter. One engine per path, both loaded for the whole run. The wall
+round from the engine's transfer counter. One engine per path, both loaded for the whole run (the numpy
+path may run other bundles: `--numpy-target/--numpy-draft`, e.g. ones whose runtime sends the mask). The wall
 time is that of the engine's rounds (its scheduler's `step` calls, timed here), not of the clients' threads
 turning ids into text.
 """
@@ -80,6 +84,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", type=Path, default=kit.ROOT / "engines/qwen2.5-coder-1.5b-int4")
     p.add_argument("--draft", type=Path, default=kit.ROOT / "engines/qwen2.5-coder-0.5b-int4")
+    p.add_argument("--numpy-target", type=Path, default=None, help="the numpy path's target [default: --target]")
+    p.add_argument("--numpy-draft", type=Path, default=None, help="the numpy path's draft [default: --draft]")
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8])
@@ -87,10 +93,9 @@ def main() -> None:
     args = p.parse_args()
     import specrt
 
-    engines = {
-        path: specrt.load(args.target, args.draft, max_batch=max(args.batches), sampler=path)
-        for path in ("host", "graph")
-    }
+    numpy_pair = (args.numpy_target or args.target, args.numpy_draft or args.draft)
+    pairs = {"host": numpy_pair, "graph": (args.target, args.draft)}
+    engines = {path: specrt.load(*pairs[path], max_batch=max(args.batches), sampler=path) for path in pairs}
     for e in engines.values():  # warm: first runs allocate
         timed_steps(e)
         e.complete(PROMPT, specrt.GenerationOptions(max_new_tokens=8, num_draft_tokens=2))
