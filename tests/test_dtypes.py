@@ -246,3 +246,14 @@ def test_quantized_fp16_bundles_compute_what_their_fp32_twins_do(zoo, quant, wei
     scale = np.abs(logits["fp32"]).max()
     assert np.abs(logits["fp16"] - logits["fp32"]).max() < 5e-3 * scale
     assert (logits["fp16"].argmax(-1) == logits["fp32"].argmax(-1)).mean() >= 0.95
+
+
+def test_kv_buffers_take_the_bundles_type():
+    """float16 buffers are numpy's; bfloat16 ones are 2-byte zeros that IO binding is told hold BFLOAT16."""
+    from specrt.runtime.kvcache import KVCache
+
+    sizes = {dtype: KVCache(2, 2, 16, 8, dtype).nbytes for dtype in ("float32", "float16", "bfloat16")}
+    assert sizes["float16"] == sizes["bfloat16"] == sizes["float32"] // 2
+    bf16 = KVCache(2, 2, 16, 8, "bfloat16")
+    assert bf16.bind_type == 16 and bf16.dtype == np.uint16 and not bf16._host[0].any()
+    assert KVCache(2, 2, 16, 8, "float16").bind_type == np.float16

@@ -80,22 +80,19 @@ class KVCache:
         shape = [rows, num_kv_heads, max_len, head_dim]
         storage, self.element_type = KV_TYPES[dtype]
         self.max_len, self.shape, self.dtype = max_len, shape, np.dtype(storage)
-        # What IO binding is told the buffers hold: a numpy type, or the ONNX type numpy lacks.
+        # What IO binding is told the buffers hold (they are bound by pointer, so an OrtValue's own type does
+        # not matter): a numpy type, or the ONNX type numpy lacks.
         self.bind_type = self.dtype if dtype != "bfloat16" else self.element_type
         if device == "cpu":
             # Zeroed host arrays wrapped without a copy (kept alive here): no uninitialised memory, ever.
             self._host = [np.zeros(shape, storage) for _ in range(2 * num_layers)]
-            values = [ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, self.element_type) for a in self._host]
+            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._host]
         else:
             # Zeros copied to the device, one layer's worth of host memory at a time: memory fresh from a
             # device allocator holds anything, NaN included, and a masked attention does not cancel NaN
             # (0 x NaN = NaN) in the padding slots it reads.
             zeros = np.zeros(shape, storage)
-            values = []
-            for _ in range(2 * num_layers):
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, self.element_type, device, device_id)
-                value.update_inplace(zeros)  # a byte copy host -> device
-                values.append(value)
+            values = [ort.OrtValue.ortvalue_from_numpy(zeros, device, device_id) for _ in range(2 * num_layers)]
         self.layers = list(zip(values[0::2], values[1::2], strict=True))
         self.rows = [Row(max_len) for _ in range(rows)]
         self.row_nbytes = int(np.prod(shape[1:])) * self.dtype.itemsize  # one slot of one buffer
