@@ -33,13 +33,15 @@ def describe(path: Path, m: Manifest) -> str:
             f"{q.method} (MatMulNBits, block {q.block_size}, {'symmetric' if q.symmetric else 'asymmetric'}, "
             f"accuracy level {q.accuracy_level}, LM head {head})"
         )
+    sends_mask = m.graph.flavour == "standard" and m.graph.masks == "runtime"
     lines = [
         f"bundle        {path}  ({size / 2**20:.1f} MiB)",
         f"name / role   {m.name} / {m.role}   (schema {m.schema_version}, created {m.created})",
         f"architecture  {a.model_type}: {a.num_layers} layers, hidden {a.hidden_size}, heads {a.num_heads}/"
         f"{a.num_kv_heads} kv, head_dim {a.head_dim}, vocab {a.vocab_size}",
         f"max_seq_len   {m.max_seq_len}   dtype {m.dtype}   quantization {quant}",
-        f"graph         {m.graph.flavour} ({m.graph.attention}, opset {m.graph.opset})",
+        f"graph         {m.graph.flavour} ({m.graph.attention}, opset {m.graph.opset}"
+        + (", mask sent by the runtime: re-export for the in-graph one)" if sends_mask else ")"),
         f"tokenizer     {m.tokenizer.sha256[:16]}  eos {m.tokenizer.eos_token_ids}  "
         f"chat template {'yes' if m.tokenizer.chat_template else 'no'}",
         f"source        {m.source.path} ({m.source.format}, sha256 {m.source.weights_sha256[:16]})",
