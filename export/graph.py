@@ -275,7 +275,7 @@ class _Decoder:
         return y
 
     def _native_group(self, x: str, name: str, weights: list[str], blocks: list[Blocks | None]) -> str:
-        if blocks[0] is None:  # float tensors in the file: fp32, exactly as stored
+        if blocks[0] is None:  # float tensors in the file: their values (exact in fp32; in the bundle's dtype)
             weight = np.concatenate([self.w(n) for n in weights])
             return self.b.op("MatMul", [x, self.b.float_weight(f"{name}.weight", weight.T)], name)
         return self.b.nbits_linear(x, name, to_nbits(blocks), blocks[0].shape[1])
