@@ -367,3 +367,40 @@ def test_the_batch_learns_its_rounds_without_the_drafts_catch_up(zoo, tmp_path):
     run_concurrently(engine, jobs, fill=True)
     assert catch_ups and learned, (catch_ups, learned)  # slots caught up, batched rounds were learned from
     assert max(learned) < 250, learned  # no round's learned time holds a 300 ms catch-up
+
+
+def test_rows_short_of_their_k_stop_drafting_together():
+    """A row's early stop saves verify width only if it is the widest row, and little of a batched draft
+    step: while any row goes on, the others ride along to their own k; drafting ends early only where every
+    row would end it (batch 1: the row's own rule, as before)."""
+    from types import SimpleNamespace
+
+    from specrt.engine.runner import Runner
+
+    class Draft:
+        vocab_size = 10
+        kv = SimpleNamespace(rows=[SimpleNamespace(length=3), SimpleNamespace(length=3)])
+
+        def run_logits(self, slots, ids, keep):
+            return len(slots)
+
+    class Decider:
+        def begin_round(self, k, vocab):
+            pass
+
+        def pick(self, logits, rows, step):
+            return [7] * len(rows), [0.5] * len(rows)
+
+    runner = Runner(None, Draft(), Decider())
+    a, b = (SimpleNamespace(id=i, slot=i, tokens=[1, 2, 3]) for i in range(2))
+
+    def drafted(ks, goes):
+        out = runner.propose(list(zip([a, b], ks, strict=True)), lambda r, k, conf: goes[r.id])
+        return [len(out[r.id].tokens) for r in (a, b)]
+
+    assert drafted([4, 4], [False, True]) == [4, 4]  # a rides along with b
+    assert drafted([4, 4], [False, False]) == [1, 1]  # neither would go on: both stop
+    assert drafted([1, 4], [True, False]) == [1, 1]  # a has its k; b alone would stop
+    assert drafted([2, 4], [True, True]) == [2, 4]
+    out = runner.propose([(a, 4)], lambda r, k, conf: False)
+    assert len(out[a.id].tokens) == 1  # alone: its own rule

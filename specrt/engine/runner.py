@@ -3,9 +3,9 @@
 - `prefill`: a chunk of one request's prompt into its target slot (alone: a long chunk would pad every
   other row of a batched run to its width).
 - `propose`: the rows that draft this round, one batched draft-model step per draft position for the rows
-  still drafting (a row leaves when it has its k tokens, or earlier when its confidence says the rest would
-  likely be rejected). A row whose draft slot fell behind by more than a step (rounds it sat out) first
-  catches up alone, in chunks, for the same reason as prefill.
+  still drafting (a row leaves when it has its k tokens; the rows short of theirs leave together, earlier,
+  when every one's confidence says the rest would likely be rejected). A row whose draft slot fell behind by
+  more than a step (rounds it sat out) first catches up alone, in chunks, for the same reason as prefill.
 - `target_pass`: ONE batched target pass over every running row's [last token, drafts...], then the
   verification of every row in one decider call.
 Each model keeps one KV slot per request (the same index in both); rows are ragged and padded by the
@@ -61,7 +61,8 @@ class Runner:
         rows: list[tuple[Request, int]],
         more: Callable[[Request, int, list[float]], bool],
     ) -> dict[int, Proposal]:
-        """Up to k tokens per (request, k); more(request, k, confidences) may end a row's drafting early."""
+        """Up to k tokens per (request, k). more(request, k, confidences) says whether a row, judged alone,
+        would go on; the rows short of their k stop early together, when none would."""
         out = {r.id: Proposal() for r, _ in rows}
         self.catch_up_ms = 0.0
         if not rows:
@@ -87,14 +88,23 @@ class Runner:
             logits = self.draft.run_logits([r.slot for r, _ in order], [feed[r.id] for r, _ in order], [1] * len(order))
             tokens, confidences = self.decider.pick(logits, [r for r, _ in order], step)
             ms = 1000 * (time.perf_counter() - t0)
+            going: dict[int, bool] = {}  # rows short of their k: would each go on, judged alone?
             for (r, k), token, confidence in zip(order, tokens, confidences, strict=True):
                 p = out[r.id]
                 steps[r.id].append(ms)
                 p.tokens.append(token)
                 p.confidences.append(confidence)
                 feed[r.id] = [token]
-                if len(p.tokens) >= k or not more(r, k, p.confidences):
+                if len(p.tokens) >= k:
                     del active[r.id]
+                else:
+                    going[r.id] = more(r, k, p.confidences)
+            # A row that stops early saves its share of the next batched draft step, and verify width only
+            # if it is the widest row: while any row goes on, the others ride along (a few more drafts each,
+            # at next to no cost); the round's drafting ends early only where every row would end it.
+            if going and not any(going.values()):
+                for rid in going:
+                    del active[rid]
             step += 1
         for rid, p in out.items():
             p.step_ms = float(np.mean(steps[rid])) if steps[rid] else None
