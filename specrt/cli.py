@@ -234,7 +234,8 @@ def serve(host, port, max_batch, max_queue, api_key, model_name, max_tokens, tem
 @click.option("--reps", type=int, default=3, show_default=True, help="Timed runs per point (median).")
 @click.option("--save-busy", is_flag=True, help="Store it even if other processes held the CPUs while timing.")
 def profile(bundle, threads, spinning, reps, save_busy):
-    """Measure step time for 1..16 new tokens at several context lengths; store it in the bundle."""
+    """Measure step time for 1..16 new tokens at several context lengths (and, for standard graphs, for batches
+    of 1-8 rows); store it in the bundle."""
     _profile_bundle(bundle, lambda line: click.echo(line, err=True), threads, spinning, reps, save_busy)
 
 
@@ -243,7 +244,7 @@ def _profile_bundle(
 ) -> None:
     from .bundle.loading import open_bundle
     from .runtime.session import ModelSession, SessionOptions
-    from .tuning.measure import busy, measure, save_profile
+    from .tuning.measure import BATCHES, busy, measure, measure_batches, save_batch_profile, save_profile
 
     log(f"profiling {bundle} (step time for 1..16 new tokens at several context lengths) ...")
     options = SessionOptions(intra_op_threads=threads, allow_spinning=spinning, spin_between_runs=False)
@@ -255,6 +256,20 @@ def _profile_bundle(
         note = f"other processes took {prof.others_share:.0%} of the CPUs while timing (twice): not saved; rerun "
         return log(f"warning: {note}`specrt profile {bundle}` on a quiet machine, or add --save-busy if always busy")
     click.echo(f"saved to {where}" if where else "bundle folder is read-only: profile not saved")
+    if session.graph.flavour != "standard":
+        return
+    # t(B, S) too: a server whose first requests arrive together reads it at once instead of measuring it
+    # (minutes, while requests wait) when a request is next admitted alone.
+    del session
+    log(f"profiling batches of {', '.join(map(str, BATCHES))} rows ...")
+    rows = ModelSession(open_bundle(bundle), options, rows=max(BATCHES))
+    batches = measure_batches(rows, BATCHES)
+    where = save_batch_profile(rows, batches, even_if_busy=save_busy)
+    if where is None and busy(batches.others_share):
+        return log(
+            f"warning: other processes took {batches.others_share:.0%} of the CPUs while timing batches: not saved"
+        )
+    click.echo(f"batch profile saved to {where}" if where else "bundle folder is read-only: batch profile not saved")
 
 
 @cli.command()

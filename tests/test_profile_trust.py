@@ -203,3 +203,20 @@ def test_a_batch_where_plain_wins_explores_only_next_to_it():
         else:
             assert choice.ceiling == 0
     assert set(explored) == {1} and len(explored) <= 3, explored  # K = 1, once per 256 rounds
+
+
+def test_specrt_profile_stores_the_batch_profile_an_engine_reads(zoo, tmp_path):
+    """`specrt profile` (and so `specrt export`) measures t(B, S) too: a server whose first requests arrive
+    together finds it stored instead of measuring it while they wait."""
+    from click.testing import CliRunner
+
+    from specrt.cli import cli
+    from specrt.tuning.measure import stored_batch_profile
+
+    bundle = shutil.copytree(zoo.target(), tmp_path / "b", ignore=shutil.ignore_patterns("profiles"))
+    draft = shutil.copytree(zoo.noisy_draft(), tmp_path / "d", ignore=shutil.ignore_patterns("profiles"))
+    result = CliRunner().invoke(cli, ["profile", str(bundle), "--reps", "2", "--save-busy"])
+    assert result.exit_code == 0, result.output
+    assert "batch profile saved to" in result.output and list((bundle / "profiles").glob("*-batch.json"))
+    engine = specrt.load(bundle, draft, max_batch=4)
+    assert stored_batch_profile(engine.target) is not None

@@ -315,6 +315,12 @@ def batch_profile_for(session: ModelSession) -> BatchProfiles:
     if found is None:
         slots = len(session.kv.rows)
         found = measure_batches(session, sorted({b for b in BATCHES if b <= slots} | {slots}))
-        if not busy(found.others_share):
-            _write(batch_profile_path(session), {"profiles": [asdict(p) for p in found.profiles]})
+        save_batch_profile(session, found)
     return found
+
+
+def save_batch_profile(session: ModelSession, found: BatchProfiles, even_if_busy: bool = False) -> Path | None:
+    """Store t(B, S) in the bundle, as save_profile does a profile (None: not stored)."""
+    if busy(found.others_share) and not even_if_busy:
+        return None
+    return _write(batch_profile_path(session), {"profiles": [asdict(p) for p in found.profiles]})
