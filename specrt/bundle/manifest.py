@@ -35,11 +35,12 @@ ROLES = ("target", "draft")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 QUANT_BITS = {"none": None, "int8": 8, "int4": 4, "native": None}
 MAX_LAYERS = 4096
+_GQA_INPUTS = ("seqlens_k", "total_sequence_length", "logits_to_keep")  # its mask is the operator's own
 FLAVOUR_INPUTS = {  # besides input_ids and the KV buffers, per flavour and per `graph.masks`
     ("standard", "graph"): ("write_index", "new_tokens", "logits_rows"),
     ("standard", "runtime"): ("position_ids", "write_index", "attention_mask", "logits_rows"),
-    ("gqa", "graph"): ("seqlens_k", "total_sequence_length", "logits_to_keep"),
-    ("gqa", "runtime"): ("seqlens_k", "total_sequence_length", "logits_to_keep"),
+    ("gqa", "graph"): _GQA_INPUTS,
+    ("gqa", "runtime"): _GQA_INPUTS,
 }
 FLAVOURS = ("standard", "gqa")
 MASKS = ("graph", "runtime")

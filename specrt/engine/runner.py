@@ -88,7 +88,6 @@ class Runner:
             logits = self.draft.run_logits([r.slot for r, _ in order], [feed[r.id] for r, _ in order], [1] * len(order))
             tokens, confidences = self.decider.pick(logits, [r for r, _ in order], step)
             ms = 1000 * (time.perf_counter() - t0)
-            going: dict[int, bool] = {}  # rows short of their k: would each go on, judged alone?
             for (r, k), token, confidence in zip(order, tokens, confidences, strict=True):
                 p = out[r.id]
                 steps[r.id].append(ms)
@@ -97,14 +96,11 @@ class Runner:
                 feed[r.id] = [token]
                 if len(p.tokens) >= k:
                     del active[r.id]
-                else:
-                    going[r.id] = more(r, k, p.confidences)
             # A row that stops early saves its share of the next batched draft step, and verify width only
             # if it is the widest row: while any row goes on, the others ride along (a few more drafts each,
             # at next to no cost); the round's drafting ends early only where every row would end it.
-            if going and not any(going.values()):
-                for rid in going:
-                    del active[rid]
+            if not any(more(r, k, out[r.id].confidences) for r, k in active.values()):
+                active.clear()
             step += 1
         for rid, p in out.items():
             p.step_ms = float(np.mean(steps[rid])) if steps[rid] else None

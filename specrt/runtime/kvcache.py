@@ -78,11 +78,11 @@ class KVCache:
         import onnxruntime as ort
 
         shape = [rows, num_kv_heads, max_len, head_dim]
-        storage, self.element_type = KV_TYPES[dtype]
+        storage, element_type = KV_TYPES[dtype]
         self.max_len, self.shape, self.dtype = max_len, shape, np.dtype(storage)
         # What IO binding is told the buffers hold (they are bound by pointer, so an OrtValue's own type does
         # not matter): a numpy type, or the ONNX type numpy lacks.
-        self.bind_type = self.dtype if dtype != "bfloat16" else self.element_type
+        self.bind_type = self.dtype if dtype != "bfloat16" else element_type
         if device == "cpu":
             # Zeroed host arrays wrapped without a copy (kept alive here): no uninitialised memory, ever.
             self._host = [np.zeros(shape, storage) for _ in range(2 * num_layers)]
