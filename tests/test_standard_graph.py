@@ -14,9 +14,11 @@ from specrt.runtime.session import ModelSession
 ROWS = 3
 # Steps over three slots: ("run", {slot: new tokens}) or ("rollback", {slot: n}) or ("reset", slot).
 # Ragged prefills, a batched decode, a verify of 5 beside an idle slot, per-row rollbacks, a slot reused
-# while the others go on, and a sequence past mistral's sliding window of 24.
+# while the others go on, and a sequence past mistral's sliding window of 24. Two decodes of the same shape
+# back to back: the second reuses the host input arrays bound for the first, its new values written in place.
 PLAN = [
     ("run", {0: 7, 1: 12, 2: 3}),
+    ("run", {0: 1, 1: 1, 2: 1}),
     ("run", {0: 1, 1: 1, 2: 1}),
     ("run", {0: 5, 2: 5}),
     ("rollback", {0: 3, 2: 1}),

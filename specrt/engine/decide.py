@@ -21,11 +21,14 @@ from .request import Request
 PATHS = ("graph", "host")
 
 
-def settings(rows: list[Request]) -> Settings:
+def settings(rows: list[Request]) -> Settings | None:
+    """The rows' sampling settings for the graphs; None when every row is greedy (the greedy graphs take no
+    settings and no uniforms: nothing to build per run)."""
     o = [r.options for r in rows]
-    greedy = np.array([x.greedy for x in o], np.bool_)
+    if all(x.greedy for x in o):
+        return None
     return Settings(
-        greedy,
+        np.array([x.greedy for x in o], np.bool_),
         np.array([1.0 if x.greedy else x.temperature for x in o], np.float32),
         np.array([0 if x.greedy else x.top_k for x in o], np.int64),
         np.array([1.0 if x.greedy else x.top_p for x in o], np.float32),
@@ -70,19 +73,23 @@ class GraphDecider:
         self.sampler.ensure_steps(max_k, vocab)
 
     def pick(self, logits: Logits, rows: list[Request], step: int) -> tuple[list[int], list[float]]:
-        u = np.array([draft_uniform(r.options, r.rng) or 0.0 for r in rows], np.float32)
-        tokens, confidences = self.sampler.pick(logits, settings(rows), u, [r.slot for r in rows], step)
+        s = settings(rows)
+        u = None if s is None else np.array([draft_uniform(r.options, r.rng) or 0.0 for r in rows], np.float32)
+        tokens, confidences = self.sampler.pick(logits, s, u, [r.slot for r in rows], step)
         return tokens.tolist(), confidences.tolist()
 
     def verify(
         self, logits: Logits, rows: list[Request], drafted: list[list[int]], lookup: list[bool]
     ) -> list[tuple[int, int]]:
-        width = max(1, max(len(d) for d in drafted))
-        u_accept = np.zeros((len(rows), width), np.float32)
-        u_final = np.zeros(len(rows), np.float32)
-        for i, (r, d) in enumerate(zip(rows, drafted, strict=True)):
-            u = verify_uniforms(r.options, r.rng, len(d))
-            if u is not None:
-                u_accept[i, : len(d)], u_final[i] = u[:-1], u[-1]
-        n, nxt = self.sampler.verify(logits, drafted, settings(rows), lookup, [r.slot for r in rows], u_accept, u_final)
+        s = settings(rows)
+        u_accept = u_final = None
+        if s is not None:  # greedy rows draw nothing (verify_uniforms returns None for them)
+            width = max(1, max(len(d) for d in drafted))
+            u_accept = np.zeros((len(rows), width), np.float32)
+            u_final = np.zeros(len(rows), np.float32)
+            for i, (r, d) in enumerate(zip(rows, drafted, strict=True)):
+                u = verify_uniforms(r.options, r.rng, len(d))
+                if u is not None:
+                    u_accept[i, : len(d)], u_final[i] = u[:-1], u[-1]
+        n, nxt = self.sampler.verify(logits, drafted, s, lookup, [r.slot for r in rows], u_accept, u_final)
         return list(zip(n.tolist(), nxt.tolist(), strict=True))

@@ -1,9 +1,11 @@
-"""Device buffers and the transfer counter: what lives where a model runs, and every byte that crosses.
+"""Device buffers, bound host inputs and the transfer counter: what lives where a model runs, and every byte
+that crosses.
 
 `DeviceBuffer` is one float32 buffer on a session's device (host memory for the CPU provider, GPU memory for
 CUDA), allocated zeroed, grown geometrically when a run needs more, and bound at its base pointer with any
 shape that fits: a model's logits are written into it and a sampler graph reads them from it, with nothing
-crossing in between. `Transfers` counts the bytes the loop moves: host arrays bound as inputs count as
+crossing in between. `HostInputs` keeps the small host arrays an IO binding reads (ids, past lengths,
+settings) bound from run to run, rewriting them in place while their shapes hold. `Transfers` counts the bytes the loop moves: host arrays bound as inputs count as
 host -> device, arrays read back into numpy as device -> host. On the CPU provider "device" memory is host
 memory, and the same accounting applies to what the loop reads into numpy, so the counter shows on a CPU
 exactly what would cross a PCIe bus on a GPU.
@@ -11,9 +13,33 @@ exactly what would cross a PCIe bus on a GPU.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+
+class HostInputs:
+    """The host arrays bound as one IO binding's inputs, kept from run to run.
+
+    Binding an input costs host time on every run (ONNX Runtime builds a tensor and checks it against the
+    graph: ~40 us per input right after a 1.5B model's run has flushed the caches, on this machine, against
+    ~6 us for the whole unbound loop). An input whose shape and type did not change since the last run is
+    written into the array already bound instead (ONNX Runtime reads a bound CPU array in place at run time),
+    so a draft step after the first of a round binds nothing."""
+
+    def __init__(self, io):
+        self.io = io
+        self.bound: dict[str, np.ndarray] = {}
+
+    def set(self, name: str, array: np.ndarray) -> None:
+        old = self.bound.get(name)
+        if old is not None and old.shape == array.shape and old.dtype == array.dtype:
+            np.copyto(old, array)
+            return
+        array = np.array(array, copy=True, order="C")  # owned here: the caller may reuse its own
+        self.io.bind_cpu_input(name, array)
+        self.bound[name] = array
 
 
 @dataclass
@@ -61,7 +87,7 @@ class DeviceBuffer:
         return self._value.data_ptr()
 
     def bind_output(self, io, name: str, shape: tuple[int, ...]) -> None:
-        self.reserve(int(np.prod(shape)))
+        self.reserve(math.prod(shape))
         io.bind_output(name, self.device, self.device_id, self.dtype, list(shape), self.ptr)
 
     def bind_input(self, io, name: str, shape: tuple[int, ...]) -> None:
@@ -70,7 +96,7 @@ class DeviceBuffer:
     def read(self, shape: tuple[int, ...]) -> np.ndarray:
         """The first prod(shape) elements as a host array (a view on the CPU provider, a copy elsewhere),
         counted as device -> host."""
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         if self._host is not None:
             out = self._host[:size].reshape(shape)
             self.transfers.received(out)

@@ -11,6 +11,7 @@ mean for a request, are the engine's business.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..bundle.loading import Bundle
 from ..errors import BundleError
-from .buffers import DeviceBuffer, Logits, Transfers
+from .buffers import DeviceBuffer, HostInputs, Logits, Transfers
 from .session import DEVICES, SessionOptions
 
 GRAPHS = ("pick_greedy", "pick_sampled", "pick_filtered", "verify_greedy", "verify_sampled", "verify_filtered")
@@ -55,9 +56,12 @@ class Settings:
         return out | ({"top_k": s.top_k, "top_p": s.top_p} if self.filtered else {})
 
 
+@functools.cache
 def block(vocab: int) -> np.ndarray:
     """The argmax and sampling block (specrt.decoding.sampling.block_size): the graphs read rows in blocks."""
-    return np.array([math.gcd(vocab, 128)], np.int64)
+    out = np.array([math.gcd(vocab, 128)], np.int64)
+    out.flags.writeable = False  # shared by every run
+    return out
 
 
 def has_samplers(bundle: Bundle) -> bool:
@@ -75,6 +79,8 @@ class GraphSampler:
         self.options, self.transfers, self.slots = options, transfers, slots
         self.sessions: dict = {}
         self._io: dict = {}
+        self._bound: dict = {}  # (graph, pooled) -> what its IO binding has bound (specs and output arrays)
+        self._inputs: dict = {}  # (graph, pooled) -> its IO binding's host inputs
         for name in GRAPHS:
             self.swap(name, str(bundle.path / FOLDER / f"{name}.onnx"))
         self.q_store = DeviceBuffer(options.device, options.device_id, transfers)
@@ -98,6 +104,8 @@ class GraphSampler:
         else:
             self.sessions[name] = tuple(self._session(model, threads) for threads in (1, self.options.intra_op_threads))
         self._io[name] = tuple(s.io_binding() for s in self.sessions[name])
+        self._bound = {key: v for key, v in self._bound.items() if key[0] != name}
+        self._inputs = {key: v for key, v in self._inputs.items() if key[0] != name}
         return old
 
     def _session(self, model, threads: int):
@@ -122,99 +130,110 @@ class GraphSampler:
     def _q_shape(self) -> tuple[int, int, int]:
         return self.slots, self.steps, self.vocab
 
-    def _run(self, name: str, logits: Logits, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]):
+    def _run(self, name: str, logits: Logits, inputs: dict[str, np.ndarray], outputs: dict[str, tuple]):
+        """Run graph `name` on `logits` with the host `inputs`; `outputs` names each output's (dtype, shape).
+        Returns the outputs as fresh host arrays. The logits, q_store and output bindings are kept from run
+        to run and made again only when a shape or a buffer changed (each costs host time on every run)."""
         pooled = int(logits.positions * logits.vocab > POOLED_FROM)
         io = self._io[name][pooled]
-        logits.buffer.bind_input(io, "logits", logits.shape)
+        bound = self._bound.setdefault((name, pooled), {})
+        host = self._inputs.get((name, pooled)) or self._inputs.setdefault((name, pooled), HostInputs(io))
         for key, array in inputs.items():
-            io.bind_cpu_input(key, array)
+            host.set(key, array)
         self.transfers.sent(*inputs.values())
+        q_shape = self._q_shape()
+        want = {"logits": (logits.shape, logits.buffer.ptr)}
         if name not in ("pick_greedy", "verify_greedy"):
-            self.q_store.bind_input(io, "q_store", self._q_shape())
+            want["q_store"] = (q_shape, self.q_store.ptr)
         if name.startswith("pick_") and name != "pick_greedy":  # the same buffer as output: ScatterND writes
-            self.q_store.bind_output(io, "q_store_out", self._q_shape())
-        for key, array in outputs.items():
-            io.bind_output(key, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+            want["q_store_out"] = (q_shape, self.q_store.ptr)
+        for key, spec in outputs.items():
+            if bound.get(key, (None,))[0] != spec:
+                bound[key] = (spec, np.empty(spec[1], spec[0]))
+                io.bind_output(key, "cpu", 0, bound[key][1].dtype, list(spec[1]), bound[key][1].ctypes.data)
+        for key, spec in want.items():
+            if bound.get(key) != spec:
+                buffer = logits.buffer if key == "logits" else self.q_store
+                (buffer.bind_input if key != "q_store_out" else buffer.bind_output)(io, key, spec[0])
+                bound[key] = spec
         t0 = time.perf_counter()
         self.sessions[name][pooled].run_with_iobinding(io)
         self.seconds += time.perf_counter() - t0
-        self.transfers.received(*outputs.values())
+        out = {key: bound[key][1].copy() for key in outputs}
+        self.transfers.received(*out.values())
+        return out
 
-    def _widening(self, name: str, logits: Logits, inputs: dict, outputs: dict) -> None:
+    def _widening(self, name: str, logits: Logits, inputs: dict, outputs: dict) -> dict[str, np.ndarray]:
         """Run; while a row's top-p mass lies beyond the candidates, run again with eight times as many."""
         if "short" not in outputs:  # no top-p in this run
             return self._run(name, logits, inputs, outputs)
         candidates = CANDIDATES
         while True:
-            self._run(name, logits, {**inputs, "candidates": np.array([candidates], np.int64)}, outputs)
-            if not outputs["short"].any() or candidates >= logits.vocab:
-                return
+            got = self._run(name, logits, {**inputs, "candidates": np.array([candidates], np.int64)}, outputs)
+            if not got["short"].any() or candidates >= logits.vocab:
+                return got
             candidates *= 8
             self.reruns += 1
 
     # ------------------------------------------------------------------ the two decisions
 
     def pick(
-        self, logits: Logits, settings: Settings, uniforms: np.ndarray, slots: list[int], step: int
+        self, logits: Logits, settings: Settings | None, uniforms: np.ndarray | None, slots: list[int], step: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """One token per row from a draft step's logits (one position per row): (tokens, confidences). A
-        sampled run also stores each row's q at q_store[slot, step]."""
+        sampled run also stores each row's q at q_store[slot, step]. settings None: every row is greedy."""
         rows = len(slots)
-        token, confidence = np.empty(rows, np.int64), np.empty(rows, np.float32)
-        outputs = {"token": token, "confidence": confidence}
-        if settings.greedy.all():
-            self._run("pick_greedy", logits, {"block": block(logits.vocab)}, outputs)
-            return token, confidence
+        outputs = {"token": (np.int64, (rows,)), "confidence": (np.float32, (rows,))}
+        if settings is None or settings.greedy.all():
+            got = self._run("pick_greedy", logits, {"block": block(logits.vocab)}, outputs)
+            return got["token"], got["confidence"]
         if step >= self.steps or logits.vocab != self.vocab:
             raise ValueError(f"q_store holds {self.steps} steps of vocab {self.vocab}: call ensure_steps first")
         inputs = settings.inputs() | {
             "block": block(logits.vocab),
             "greedy": settings.greedy,
             "uniform": uniforms.astype(np.float32),
-            "q_index": np.stack([np.asarray(slots, np.int64), np.full(rows, step, np.int64)], axis=1),
+            "q_index": np.array([(slot, step) for slot in slots], np.int64).reshape(rows, 2),
         }
         if settings.filtered:
-            outputs["short"] = np.empty(rows, np.bool_)
-        self._widening("pick_filtered" if settings.filtered else "pick_sampled", logits, inputs, outputs)
-        return token, confidence
+            outputs["short"] = (np.bool_, (rows,))
+        got = self._widening("pick_filtered" if settings.filtered else "pick_sampled", logits, inputs, outputs)
+        return got["token"], got["confidence"]
 
     def verify(
         self,
         logits: Logits,
         drafted: list[list[int]],
-        settings: Settings,
+        settings: Settings | None,
         lookup: list[bool],
         slots: list[int],
-        u_accept: np.ndarray,
-        u_final: np.ndarray,
+        u_accept: np.ndarray | None,
+        u_final: np.ndarray | None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per row (accepted drafts, next token) from the target's verify logits: row i's k_i + 1 positions
-        start at logits.starts[i]; its model drafts' q are at q_store[slots[i], 0..k_i)."""
+        start at logits.starts[i]; its model drafts' q are at q_store[slots[i], 0..k_i). settings None:
+        every row is greedy (no uniforms)."""
         rows = len(drafted)
         k = max(1, max(len(d) for d in drafted))  # a [R, 0] tensor is avoided: padding is never read
-        ids = np.zeros((rows, k), np.int64)
-        for i, d in enumerate(drafted):
-            ids[i, : len(d)] = d
         inputs = {
             "block": block(logits.vocab),
-            "start": np.asarray(logits.starts, np.int64),
+            "start": np.array(logits.starts, np.int64),
             "count": np.array([len(d) for d in drafted], np.int64),
-            "drafted": ids,
+            "drafted": np.array([[*d, *[0] * (k - len(d))] for d in drafted], np.int64).reshape(rows, k),
         }
-        accepted, nxt = np.empty(rows, np.int64), np.empty(rows, np.int64)
-        if settings.greedy.all():
-            self._run("verify_greedy", logits, inputs, {"accepted": accepted, "next": nxt})
-            return accepted, nxt
+        outputs = {"accepted": (np.int64, (rows,)), "next": (np.int64, (rows,))}
+        if settings is None or settings.greedy.all():
+            got = self._run("verify_greedy", logits, inputs, outputs)
+            return got["accepted"], got["next"]
         self.ensure_steps(1, logits.vocab)
         inputs |= settings.inputs(settings.repeat(logits.keep)) | {
             "greedy": settings.greedy,
-            "lookup": np.asarray(lookup, np.bool_),
-            "q_slot": np.asarray(slots, np.int64),
+            "lookup": np.array(lookup, np.bool_),
+            "q_slot": np.array(slots, np.int64),
             "u_accept": np.ascontiguousarray(u_accept[:, :k], np.float32),
             "u_final": u_final.astype(np.float32),
         }
-        outputs = {"accepted": accepted, "next": nxt}
         if settings.filtered:
-            outputs["short"] = np.empty(logits.positions, np.bool_)
-        self._widening("verify_filtered" if settings.filtered else "verify_sampled", logits, inputs, outputs)
-        return accepted, nxt
+            outputs["short"] = (np.bool_, (logits.positions,))
+        got = self._widening("verify_filtered" if settings.filtered else "verify_sampled", logits, inputs, outputs)
+        return got["accepted"], got["next"]

@@ -9,6 +9,8 @@ them in place. This module knows nothing about sampling or speculation.
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ import numpy as np
 
 from ..bundle.loading import Bundle
 from ..errors import BundleError, OptionsError
-from .buffers import DeviceBuffer, Logits, Transfers
+from .buffers import DeviceBuffer, HostInputs, Logits, Transfers
 from .kvcache import KV_TYPES, KVCache
 
 DEVICES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -117,6 +119,10 @@ class ModelSession:
         self._io = self._bind_rows(0, 1)
         # The logits of every run, on the session's device; read back only by the numpy path.
         self.logits = DeviceBuffer(options.device, options.device_id, self.transfers)
+        # Per IO binding (by id: each lives as long as the session): the (shape, pointer) its logits output is
+        # bound with, and its host inputs. Both are bound again only when they change.
+        self._logits_bound: dict[int, tuple] = {}
+        self._inputs: dict[int, HostInputs] = {}
         self.seconds = 0.0  # inside ONNX Runtime (model runs), since load
 
     def _bind_rows(self, lo: int, hi: int):
@@ -186,10 +192,15 @@ class ModelSession:
     def _execute(self, io, inputs: dict[str, np.ndarray], positions: int, starts: list[int], keep: list[int]) -> Logits:
         """Bind the host inputs (counted as sent) and the logits buffer, run, and hand back the logits where
         they are."""
+        host = self._inputs.get(id(io)) or self._inputs.setdefault(id(io), HostInputs(io))
         for name, array in inputs.items():
-            io.bind_cpu_input(name, array)
+            host.set(name, array)
         self.transfers.sent(*inputs.values())
-        self.logits.bind_output(io, self.graph.logits, self._logits_shape(positions))
+        shape = self._logits_shape(positions)
+        self.logits.reserve(math.prod(shape))
+        if self._logits_bound.get(id(io)) != (shape, self.logits.ptr):  # bound again only when it changed
+            self.logits.bind_output(io, self.graph.logits, shape)
+            self._logits_bound[id(io)] = (shape, self.logits.ptr)
         t0 = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.seconds += time.perf_counter() - t0
@@ -245,37 +256,44 @@ class ModelSession:
             return self._run_gqa(ids[0], keep[0])
         if len(set(slots)) != len(slots) or min(slots) < 0 or max(slots) >= len(self.kv.rows):
             raise ValueError(f"slots {list(slots)} must be distinct and in [0, {len(self.kv.rows)})")
+        # Plain Python over the rows, one numpy array per graph input: this runs up to k + 1 times a round,
+        # and per-row numpy calls cost more host time than the bookkeeping they do.
         width = max(len(x) for x in ids)
-        for slot, x, k in zip(slots, ids, keep, strict=True):
-            if not x or not 1 <= k <= len(x):
-                raise ValueError(f"slot {slot}: run needs 1 <= keep ({k}) <= new tokens ({len(x)})")
         lo, hi = min(slots), max(slots) + 1
         rows = self.kv.rows[lo:hi]
-        new = {slot - lo: list(x) for slot, x in zip(slots, ids, strict=True)}
-        past = np.array([r.length for r in rows], np.int64)
-        if (past + width > self.kv.max_len).any():
-            i = int(np.argmax(past + width > self.kv.max_len))
-            raise ValueError(f"KV cache overflow: slot {lo + i} holds {past[i]}, + {width} > max_len {self.kv.max_len}")
-        b = hi - lo
-        input_ids = np.zeros((b, width), np.int64)  # padding: token 0, whose outputs are never read
-        real = np.zeros(b, np.int64)
-        for r, x in new.items():
-            input_ids[r, : len(x)] = x
-            real[r] = len(x)
-        # The LM head reads each row's last keep[i] real positions, indexed in the flattened [B * S] batch.
-        last = [(slot - lo) * width + real[slot - lo] - k + np.arange(k) for slot, k in zip(slots, keep, strict=True)]
-        rows_out = np.concatenate(last).astype(np.int64)
+        past = [len(r.ids) for r in rows]
+        real = [0] * (hi - lo)
+        flat = [0] * ((hi - lo) * width)  # padding: token 0, whose outputs are never read
+        rows_out: list[int] = []  # each row's last keep[i] real positions, indexed in the flattened [B * S]
+        for slot, x, k in zip(slots, ids, keep, strict=True):
+            n, r = len(x), slot - lo
+            if not x or not 1 <= k <= n:
+                raise ValueError(f"slot {slot}: run needs 1 <= keep ({k}) <= new tokens ({n})")
+            if past[r] + width > self.kv.max_len:
+                raise ValueError(
+                    f"KV cache overflow: slot {slot} holds {past[r]}, + {width} > max_len {self.kv.max_len}"
+                )
+            real[r] = n
+            flat[r * width : r * width + n] = x
+            rows_out.extend(range(r * width + n - k, r * width + n))
+        input_ids = np.array(flat, np.int64).reshape(hi - lo, width)
         g = self.graph
         io = self._bind_rows(lo, hi)
         if g.masks == "graph":  # the graph builds positions and the causal mask from these: O(B) integers
-            inputs = {g.input_ids: input_ids, g.write_index: past, g.new_tokens: real}
+            inputs = {
+                g.input_ids: input_ids,
+                g.write_index: np.array(past, np.int64),
+                g.new_tokens: np.array(real, np.int64),
+            }
         else:  # a bundle from before: positions [B, S] and the mask [B, 1, S, T] made here
-            positions = past[:, None] + np.arange(width)[None, :]
-            total = int((past + real).max())  # T: the slots the longest row attends to
+            start = np.array(past, np.int64)
+            positions = start[:, None] + np.arange(width)[None, :]
+            total = max(p + n for p, n in zip(past, real, strict=True))  # T: the slots the longest row attends to
             mask = np.arange(total)[None, None, None, :] <= positions[:, None, :, None]  # causal, per row
-            inputs = {g.input_ids: input_ids, g.position_ids: positions, g.write_index: past, g.attention_mask: mask}
-        starts = np.concatenate([[0], np.cumsum(keep)[:-1]]).tolist()
-        logits = self._execute(io, {**inputs, g.logits_rows: rows_out}, len(rows_out), starts, list(keep))
+            inputs = {g.input_ids: input_ids, g.position_ids: positions, g.write_index: start, g.attention_mask: mask}
+        starts = [0, *itertools.accumulate(keep)][:-1]
+        inputs[g.logits_rows] = np.array(rows_out, np.int64)
+        logits = self._execute(io, inputs, len(rows_out), starts, list(keep))
         for slot, x in zip(slots, ids, strict=True):
-            self.kv.rows[slot].advance(list(x))
+            self.kv.rows[slot].advance(x)
         return logits
