@@ -16,6 +16,9 @@ overall (median of the per-repeat ratios), and whether greedy outputs were equal
 
     python scripts/bench_ab.py --target engines/qwen2.5-coder-1.5b-int4 --draft engines/qwen2.5-coder-0.5b-int4 \\
         --config old=/tmp/specrt-old --config new=. --repeats 3 --out results/layout/int4.json
+
+`--concurrency c` makes each generation c requests at once (the prompt and the c - 1 after it in the list,
+from c threads, `max_batch` = c); tokens/s is then all of their new tokens over the wall time.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -53,18 +57,19 @@ def worker(args: argparse.Namespace) -> None:
 
         tmp = Path(tempfile.mkdtemp(prefix="specrt-busy-"))
         bundles = {role: scaled_copy(bundles[role], factors[role] or 1.0, tmp / role) for role in bundles}
-    engine = specrt.load(bundles["target"], bundles["draft"], threads=args.threads)
+    batch = {"max_batch": args.concurrency} if args.concurrency > 1 else {}  # trees from before batching lack it
+    engine = specrt.load(bundles["target"], bundles["draft"], threads=args.threads, **batch)
     if policy:
         from dataclasses import replace
 
         engine.tuning.policy = replace(engine.tuning.policy, **policy)
     prompts = {p.name: p for p in DEFAULT_PROMPTS}
+    names = [p.name for p in DEFAULT_PROMPTS]
     # Warm-up: the first generation of a fresh engine pages in weights and sizes buffers (and measures profiles).
     engine.complete("def warm_up():", specrt.GenerationOptions(max_new_tokens=16, ignore_eos=True))
     print(json.dumps({"ready": specrt.__file__}), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
-        p = prompts[job["prompt"]]
         options = specrt.GenerationOptions(
             max_new_tokens=job["max_new_tokens"],
             temperature=job["temperature"],
@@ -73,16 +78,42 @@ def worker(args: argparse.Namespace) -> None:
             num_draft_tokens=fixed_k,
         )
         engine.reset()
-        ids = engine.encode(p.text, chat=p.chat)
-        gen = engine.complete(ids, options)
-        s = gen.stats
+        # The job's prompt and, at concurrency c, the c - 1 after it in the list, together from c threads.
+        start = names.index(job["prompt"])
+        batch = [prompts[names[(start + i) % len(names)]] for i in range(args.concurrency)]
+        ids = [engine.encode(p.text, chat=p.chat) for p in batch]
+        gens, wall = run_together(engine, ids, options)
+        stats = [g.stats for g in gens]
+        drafted = sum(s.drafted for s in stats)
+        k: dict[str, int] = {}
+        for s in stats:
+            for n, count in s.k_histogram.items():
+                k[str(n)] = k.get(str(n), 0) + count
         out = {
-            "tok_s": s.new_tokens / s.total_s,
-            "tokens": gen.token_ids,
-            "acceptance": s.acceptance_rate,
-            "k": {str(k): n for k, n in sorted(s.k_histogram.items())},
+            "tok_s": sum(s.new_tokens for s in stats) / wall
+            if len(batch) > 1
+            else stats[0].new_tokens / stats[0].total_s,
+            "tokens": [t for g in gens for t in g.token_ids],
+            "acceptance": sum(s.accepted for s in stats) / drafted if drafted else 0.0,
+            "k": dict(sorted(k.items(), key=lambda x: int(x[0]))),
         }
         print(json.dumps(out), flush=True)
+
+
+def run_together(engine, prompts: list, options) -> tuple[list, float]:
+    """Every prompt at once, one client thread each: (their generations, the wall time of all of them)."""
+    gens: list = [None] * len(prompts)
+
+    def one(i: int) -> None:
+        gens[i] = engine.complete(prompts[i], options)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return gens, time.perf_counter() - t0
 
 
 def _value(text: str):
@@ -110,6 +141,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument(
+        "--concurrency", type=int, default=1, help="requests per generation, together (the prompt and the next c - 1)"
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--policy", default="", help=argparse.SUPPRESS)
@@ -124,7 +158,8 @@ def main() -> None:
     workers = {}
     for name, root, policy in configs:
         cmd = [sys.executable, __file__, "--worker", "--target", args.target, "--draft", args.draft]
-        cmd += ["--threads", str(args.threads), "--policy", json.dumps(policy) if policy else ""]
+        cmd += ["--threads", str(args.threads), "--concurrency", str(args.concurrency)]
+        cmd += ["--policy", json.dumps(policy) if policy else ""]
         env = {**os.environ, "PYTHONPATH": root}
         workers[name] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     for name, w in workers.items():  # loaded one after the other (each measures its profiles alone)
