@@ -369,10 +369,9 @@ def test_the_batch_learns_its_rounds_without_the_drafts_catch_up(zoo, tmp_path):
     assert max(learned) < 250, learned  # no round's learned time holds a 300 ms catch-up
 
 
-def test_rows_short_of_their_k_stop_drafting_together():
-    """A row's early stop saves verify width only if it is the widest row, and little of a batched draft
-    step: while any row goes on, the others ride along to their own k; drafting ends early only where every
-    row would end it (batch 1: the row's own rule, as before)."""
+def test_each_row_stops_drafting_on_its_own_rule():
+    """In a batch as alone, a row leaves the draft steps when it has its k or when its own early-stop rule
+    says so; the others go on to theirs."""
     from types import SimpleNamespace
 
     from specrt.engine.runner import Runner
@@ -398,9 +397,9 @@ def test_rows_short_of_their_k_stop_drafting_together():
         out = runner.propose(list(zip([a, b], ks, strict=True)), lambda r, k, conf: goes[r.id])
         return [len(out[r.id].tokens) for r in (a, b)]
 
-    assert drafted([4, 4], [False, True]) == [4, 4]  # a rides along with b
-    assert drafted([4, 4], [False, False]) == [1, 1]  # neither would go on: both stop
-    assert drafted([1, 4], [True, False]) == [1, 1]  # a has its k; b alone would stop
+    assert drafted([4, 4], [False, True]) == [1, 4]  # a stops after its first draft, b goes on
+    assert drafted([4, 4], [False, False]) == [1, 1]
+    assert drafted([1, 4], [True, False]) == [1, 1]  # a has its k; b stops on its own rule
     assert drafted([2, 4], [True, True]) == [2, 4]
     out = runner.propose([(a, 4)], lambda r, k, conf: False)
     assert len(out[a.id].tokens) == 1  # alone: its own rule

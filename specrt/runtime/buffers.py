@@ -5,10 +5,10 @@ that crosses.
 CUDA), allocated zeroed, grown geometrically when a run needs more, and bound at its base pointer with any
 shape that fits: a model's logits are written into it and a sampler graph reads them from it, with nothing
 crossing in between. `HostInputs` keeps the small host arrays an IO binding reads (ids, past lengths,
-settings) bound from run to run, rewriting them in place while their shapes hold. `Transfers` counts the bytes the loop moves: host arrays bound as inputs count as
-host -> device, arrays read back into numpy as device -> host. On the CPU provider "device" memory is host
-memory, and the same accounting applies to what the loop reads into numpy, so the counter shows on a CPU
-exactly what would cross a PCIe bus on a GPU.
+settings) bound from run to run, rewriting them in place while their shapes hold. `Transfers` counts the
+bytes the loop moves: host arrays bound as inputs count as host -> device, arrays read back into numpy as
+device -> host. On the CPU provider "device" memory is host memory, and the same accounting applies to what
+the loop reads into numpy, so the counter shows on a CPU exactly what would cross a PCIe bus on a GPU.
 """
 
 from __future__ import annotations
