@@ -23,7 +23,7 @@ class HostInputs:
     """The host arrays bound as one IO binding's inputs, kept from run to run.
 
     Binding an input costs host time on every run (ONNX Runtime builds a tensor and checks it against the
-    graph: ~40 us per input right after a 1.5B model's run has flushed the caches, on this machine, against
+    graph: ~40 us per input right after a 0.5B model's run has flushed the caches, on this machine, against
     ~6 us for the whole unbound loop). An input whose shape and type did not change since the last run is
     written into the array already bound instead (ONNX Runtime reads a bound CPU array in place at run time),
     so a draft step after the first of a round binds nothing."""
