@@ -65,6 +65,7 @@ class DeviceBuffer:
         self.capacity = 0
         self._value = None  # the OrtValue
         self._host: np.ndarray | None = None  # the CPU provider's backing array
+        self._bound: dict[tuple[int, str], tuple] = {}  # (id(io), name) -> (io, shape, address) bound there
 
     def reserve(self, elements: int) -> None:
         """At least `elements`, growing geometrically (what was stored is not kept)."""
@@ -88,10 +89,19 @@ class DeviceBuffer:
 
     def bind_output(self, io, name: str, shape: tuple[int, ...]) -> None:
         self.reserve(math.prod(shape))
-        io.bind_output(name, self.device, self.device_id, self.dtype, list(shape), self.ptr)
+        self._bind(io, name, tuple(shape), io.bind_output)
 
     def bind_input(self, io, name: str, shape: tuple[int, ...]) -> None:
-        io.bind_input(name, self.device, self.device_id, self.dtype, list(shape), self.ptr)
+        self._bind(io, name, tuple(shape), io.bind_input)
+
+    def _bind(self, io, name: str, shape: tuple[int, ...], bind) -> None:
+        """Bind unless `io` already has this buffer, at its current address, with this shape under `name`:
+        binding costs host time on every run, and the same binding is asked for run after run."""
+        entry = self._bound.get((id(io), name))
+        if entry is not None and entry[0] is io and entry[1:] == (shape, self.ptr):
+            return
+        bind(name, self.device, self.device_id, self.dtype, list(shape), self.ptr)
+        self._bound[id(io), name] = (io, shape, self.ptr)  # io kept: its id is not reused while it is here
 
     def read(self, shape: tuple[int, ...]) -> np.ndarray:
         """The first prod(shape) elements as a host array (a view on the CPU provider, a copy elsewhere),

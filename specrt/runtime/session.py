@@ -10,7 +10,6 @@ them in place. This module knows nothing about sampling or speculation.
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -119,10 +118,7 @@ class ModelSession:
         self._io = self._bind_rows(0, 1)
         # The logits of every run, on the session's device; read back only by the numpy path.
         self.logits = DeviceBuffer(options.device, options.device_id, self.transfers)
-        # Per IO binding (by id: each lives as long as the session): the (shape, pointer) its logits output is
-        # bound with, and its host inputs. Both are bound again only when they change.
-        self._logits_bound: dict[int, tuple] = {}
-        self._inputs: dict[int, HostInputs] = {}
+        self._inputs: dict[int, HostInputs] = {}  # per IO binding (each lives as long as the session)
         self.seconds = 0.0  # inside ONNX Runtime (model runs), since load
 
     def _bind_rows(self, lo: int, hi: int):
@@ -196,11 +192,7 @@ class ModelSession:
         for name, array in inputs.items():
             host.set(name, array)
         self.transfers.sent(*inputs.values())
-        shape = self._logits_shape(positions)
-        self.logits.reserve(math.prod(shape))
-        if self._logits_bound.get(id(io)) != (shape, self.logits.ptr):  # bound again only when it changed
-            self.logits.bind_output(io, self.graph.logits, shape)
-            self._logits_bound[id(io)] = (shape, self.logits.ptr)
+        self.logits.bind_output(io, self.graph.logits, self._logits_shape(positions))
         t0 = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.seconds += time.perf_counter() - t0
