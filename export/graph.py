@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from .attention import MS_DOMAIN, OPSETS, flavour
 from .native import Blocks, NBits, describe, layout_key, to_nbits
 from .progress import Progress
 from .source import Checkpoint
+from .top import TOP_CONFIDENCE, TOP_MODE, TOP_TOKEN, add_top
 from .weights import ExternalData, in_dtype, quantize_blockwise, to_qdq
 
 ONNX_FLOAT = {"fp32": 1, "fp16": 10, "bf16": 16}  # TensorProto.FLOAT, FLOAT16, BFLOAT16
@@ -194,6 +196,7 @@ def build_graph(
 
     attention = "Attention" if graph == "standard" else f"{MS_DOMAIN}.GroupQueryAttention"
     g = GraphSpec(opset=OPSETS[graph], flavour=graph, attention=attention, masks=masks, kv_dtype=DTYPES[dtype])
+    g = replace(g, top_mode=TOP_MODE, top_token=TOP_TOKEN, top_confidence=TOP_CONFIDENCE)
     data = ExternalData(out_dir / g.data_file)
     decoder = _Decoder(GraphBuilder(data, quant, g.opset, dtype), ckpt, spec, arch, g, max_seq_len)
     x = decoder.embed()
@@ -211,6 +214,7 @@ def build_graph(
     if any(node.domain == MS_DOMAIN for node in b.nodes):  # MatMulNBits, GroupQueryAttention
         opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
     model = helper.make_model(onnx_graph, opset_imports=opsets, producer_name="specrt")
+    add_top(model, g.logits, arch.vocab_size)  # the greedy pick, in the model's own run
     model.ir_version = 11 if g.opset >= 24 else 9
     save_model(model, str(out_dir / g.model_file))
     return g, data.sha256, decoder.native_log

@@ -39,8 +39,9 @@ RULES = ("exact", "accept_all", "residual_p")
 class _Graph:
     """Nodes and constants of one small graph, with generated names."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, prefix: str = ""):
         self.name, self.nodes, self.inits, self.inputs, self.outputs, self._n = name, [], [], [], [], 0
+        self.prefix = prefix  # on every generated name: nodes added to a model graph must not clash with its own
 
     def input(self, name: str, elem: int, shape: list) -> str:
         from onnx import helper
@@ -58,7 +59,7 @@ class _Graph:
         from onnx import numpy_helper
 
         self._n += 1
-        name = f"c{self._n}"
+        name = f"{self.prefix}c{self._n}"
         self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
         return name
 
@@ -66,8 +67,8 @@ class _Graph:
         from onnx import helper
 
         self._n += 1
-        outputs = [out] if out else [f"{op_type.lower()}{self._n}_{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=f"n{self._n}", **attrs))
+        outputs = [out] if out else [f"{self.prefix}{op_type.lower()}{self._n}_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=f"{self.prefix}n{self._n}", **attrs))
         return outputs[0] if n_out == 1 else outputs
 
     def model(self):
@@ -358,19 +359,3 @@ def write_samplers(out: Path) -> list[str]:
         save_model(model, str(out / FOLDER / f"{name}.onnx"))
         names.append(f"{FOLDER}/{name}.onnx")
     return names
-
-
-def add_samplers(folder: str | Path) -> str:
-    """Give a bundle exported before the sampler graphs existed its graphs, recorded (size, SHA-256) in its
-    manifest, rewritten atomically; the model files are untouched. Returns what was done, in one line."""
-    from dataclasses import replace
-
-    from ..bundle.integrity import record
-    from ..bundle.loading import open_bundle
-
-    bundle = open_bundle(folder)  # a readable, intact bundle first
-    out, manifest = bundle.path, bundle.manifest
-    names = write_samplers(out)
-    files = [f for f in manifest.files if f.name not in names] + [record(out, name, "graph") for name in names]
-    replace(manifest, files=files).write(out)
-    return f"{out}: sampler graphs written ({', '.join(names)}) and recorded in its manifest"

@@ -317,10 +317,11 @@ def verify(bundle):
 @cli.command()
 @click.argument("bundle", type=PathType)
 def upgrade(bundle):
-    """Add the sampler graphs to a bundle exported before them, in place (needs the [export] extra)."""
-    from .export.sampler import add_samplers
+    """Bring an older bundle's graphs up to date in place: the sampler graphs, and the model graph's own greedy
+    pick (needs the [export] extra; the weights are untouched)."""
+    from .export.upgrade import upgrade_bundle
 
-    click.echo(add_samplers(bundle))
+    click.echo(upgrade_bundle(bundle))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -188,12 +188,13 @@ def test_bf16_graph_holds_bf16_and_runs_in_the_onnx_reference(bf16, variant):
             "write_index": np.array([past]),
             "new_tokens": np.array([len(new)]),
             "logits_rows": np.arange(len(new)),
+            "top_mode": np.array([1]),
             **kv,
         }
-        out = evaluator.run(None, feeds)
-        got.append(out[0].astype(np.float32))
-        names = [o.name for o in model.graph.output]
-        kv = {n.replace("present", "past_key_values"): v for n, v in zip(names[1:], out[1:], strict=True)}
+        out = dict(zip([o.name for o in model.graph.output], evaluator.run(None, feeds), strict=True))
+        got.append(out["logits"].astype(np.float32))
+        assert out["top_token"].tolist() == got[-1].argmax(-1).tolist()  # the greedy pick, in the graph
+        kv = {n.replace("present", "past_key_values"): v for n, v in out.items() if n.startswith("present")}
     ref, bound = _bound(ckpt, ids, "bf16")
     assert np.abs(np.concatenate(got) - ref).max() <= bound, (np.abs(np.concatenate(got) - ref).max(), bound)
 

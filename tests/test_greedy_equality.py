@@ -113,24 +113,34 @@ def _rollback_one_short(self, n):
 
 
 @pytest.mark.parametrize(
-    "mutation", ["accept every draft (graph)", "accept every draft (numpy)", "roll back one position short"]
+    "mutation",
+    [
+        "accept every draft (ids from the model runs)",
+        "accept every draft (sampler graph)",
+        "accept every draft (numpy)",
+        "roll back one position short",
+    ],
 )
 def test_equality_check_catches_a_broken_loop(engines, reference, monkeypatch, mutation):
     from specrt.decoding import speculative
+    from specrt.engine import decide
     from specrt.export.sampler import verify_greedy
     from specrt.runtime.kvcache import Row
 
     engine = engines["noisy on the host" if "numpy" in mutation else "noisy"]
     if mutation == "accept every draft (numpy)":
         monkeypatch.setattr(speculative, "accept_greedy", _accept_all)
-    elif mutation == "accept every draft (graph)":
+    elif mutation == "accept every draft (ids from the model runs)":
+        monkeypatch.setattr(decide, "leading_matches", lambda drafted, target: len(drafted))
+    elif mutation == "accept every draft (sampler graph)":  # the greedy rule of bundles from before `top`
         old = engine.decider.sampler.swap("verify_greedy", verify_greedy("accept_all").SerializeToString())
+        monkeypatch.setattr(decide.GraphDecider, "top", lambda self, rows, draft: 0)
     else:
         monkeypatch.setattr(Row, "rollback", _rollback_one_short)
     options = GenerationOptions(max_new_tokens=40, num_draft_tokens=4, ignore_eos=True)
     try:
         mismatches = sum(engine.complete(p, options).token_ids != reference[p] for p in PROMPTS)
     finally:
-        if mutation == "accept every draft (graph)":
+        if mutation == "accept every draft (sampler graph)":
             engine.decider.sampler.swap("verify_greedy", old)
     assert mismatches > 0, f"greedy equality did not notice '{mutation}'"

@@ -225,3 +225,117 @@ def test_device_buffers_start_zeroed(monkeypatch):
     KVCache(2, 2, 16, 8, device="cuda", rows=2)
     DeviceBuffer("cuda", 0, Transfers()).reserve(1000)
     assert made == [("cuda", True)] * 5
+
+
+@pytest.mark.parametrize("flavour", ["standard", "gqa"])
+def test_the_model_graph_computes_its_greedy_pick(zoo, flavour):
+    """top_mode 1: each logits row's first argmax; 2: also its probability; 0: neither (nothing crosses)."""
+    from specrt.bundle.loading import open_bundle
+    from specrt.runtime.session import ModelSession
+
+    bundle = zoo.target() if flavour == "standard" else zoo.bundle("target-gqa", "target", graph="gqa")
+    rows = 4 if flavour == "standard" else 1
+    session = ModelSession(open_bundle(bundle), SessionOptions(intra_op_threads=1), rows=rows)
+    runs = [([0, 2, 3], [[5, 6, 7], [8, 9], [10]], [3, 2, 1]), ([0, 2], [[11], [12]], [1, 1])]
+    if flavour == "gqa":
+        runs = [([0], [[5, 6, 7, 8]], [3]), ([0], [[9]], [1])]
+    for top in (0, 1, 2, 1):
+        for slots, ids, keep in runs:
+            before = session.transfers.to_host
+            logits = session.run_logits(slots, ids, keep, top)
+            crossed = session.transfers.to_host - before
+            assert crossed == (12 * sum(keep) if top else 0)  # int64 + float32 per position when asked
+            x = np.concatenate([x.astype(np.float64) for x in logits.rows()])
+            if top == 0:
+                assert logits.tokens is None and logits.confidences is None
+                continue
+            assert logits.tokens == x.argmax(-1).tolist()
+            p = np.exp(x - x.max(-1, keepdims=True))
+            if top == 2:
+                np.testing.assert_allclose(logits.confidences, (p / p.sum(-1, keepdims=True)).max(-1), rtol=1e-5)
+            else:
+                assert logits.confidences is None
+
+
+def _sampler_runs(engine, monkeypatch) -> list[str]:
+    runs: list[str] = []
+    real = type(engine.decider.sampler)._run
+
+    def counted(self, name, *args):
+        runs.append(name)
+        return real(self, name, *args)
+
+    monkeypatch.setattr(type(engine.decider.sampler), "_run", counted)
+    return runs
+
+
+def test_greedy_rounds_read_their_ids_from_the_model_runs(pair, monkeypatch):
+    """Greedy rows, drafting at batch 1 and 3: no sampler graph runs (the draft steps and the verify pass give
+    the ids), the same tokens as the numpy path; a sampled request runs them."""
+    runs = _sampler_runs(pair["graph"], monkeypatch)
+    prompts = ["def f(x):", "import os\n", "class A:"]
+    greedy = GenerationOptions(max_new_tokens=24, num_draft_tokens=3, ignore_eos=True)
+    alone = pair["graph"].complete(prompts[0], greedy)
+    together = _together(pair["graph"], prompts, [greedy] * 3)
+    assert alone.stats.drafted > 0 and sum(g.stats.drafted for g in together) > 0
+    assert max(pair["graph"].stats["batch_sizes"]) >= 2
+    assert runs == [], runs[:5]
+    on_host = [pair["host"].complete(p, greedy).token_ids for p in prompts]
+    assert [g.token_ids for g in together] == on_host and alone.token_ids == on_host[0]
+    pair["graph"].complete(prompts[0], GenerationOptions(max_new_tokens=8, num_draft_tokens=3, temperature=0.8))
+    assert "pick_sampled" in runs and "verify_sampled" in runs
+
+
+def _as_if_exported_before(bundle, out) -> None:
+    """A copy of `bundle` as exported before the model graph computed its greedy pick and before the sampler
+    graphs: the top nodes, input and outputs removed, the manifest saying so."""
+    import shutil
+    from dataclasses import replace
+
+    import onnx
+
+    from specrt.bundle.integrity import record
+    from specrt.bundle.loading import open_bundle
+
+    shutil.copytree(bundle, out)
+    m = open_bundle(out).manifest
+    model = onnx.load(str(out / m.graph.model_file), load_external_data=False)
+    top = {m.graph.top_mode, m.graph.top_token, m.graph.top_confidence}
+    keep = [n for n in model.graph.node if not n.name.startswith("top/")]
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    inits = [i for i in model.graph.initializer if not i.name.startswith("top/")]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(inits)
+    for field in (model.graph.input, model.graph.output):
+        kept = [v for v in field if v.name not in top]
+        del field[:]
+        field.extend(kept)
+    onnx.save_model(model, str(out / m.graph.model_file))
+    shutil.rmtree(out / "sampler")
+    g = replace(m.graph, top_mode="", top_token="", top_confidence="")
+    files = [f for f in m.files if f.name != g.model_file and not f.name.startswith("sampler/")]
+    replace(m, graph=g, files=[*files, record(out, g.model_file, "graph")]).write(out)
+
+
+def test_an_older_bundle_runs_and_upgrades_in_place(zoo, tmp_path, monkeypatch):
+    """A bundle from before: refused on the graph path with the command that fixes it, run by numpy by
+    default; `specrt upgrade` adds what it lacks, after which greedy rounds read ids from the model runs
+    and give the same tokens."""
+    import specrt
+    from specrt.cli import main
+    from specrt.errors import BundleError
+
+    old = tmp_path / "old"
+    _as_if_exported_before(zoo.target(), old)
+    prompt, greedy = "def f(x):", GenerationOptions(max_new_tokens=20, num_draft_tokens=3, ignore_eos=True)
+    expected = specrt.load(zoo.target(), zoo.noisy_draft()).complete(prompt, greedy).token_ids
+    with pytest.raises(BundleError, match="specrt upgrade"):
+        specrt.load(old, zoo.noisy_draft(), sampler="graph")
+    before = specrt.load(old, zoo.noisy_draft())  # sampler "auto": numpy, for want of the graphs
+    assert before.decider.name == "host" and before.complete(prompt, greedy).token_ids == expected
+    main(["upgrade", str(old)])
+    upgraded = specrt.load(old, zoo.noisy_draft())
+    assert upgraded.target.graph.top_mode
+    runs = _sampler_runs(upgraded, monkeypatch)
+    assert upgraded.complete(prompt, greedy).token_ids == expected and runs == []

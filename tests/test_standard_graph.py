@@ -117,18 +117,18 @@ def test_bundles_whose_runtime_sends_the_mask_still_run(zoo, standard, variant):
 
 def test_what_crosses_per_run_is_a_few_integers_per_row(standard):
     """The graph builds positions and the [B, 1, S, T] mask itself: a run sends the ids, two integers per
-    row and the LM head's positions, whatever the context length."""
+    row, the LM head's positions and whether to compute the greedy pick, whatever the context length."""
     import onnx
 
     bundle, _ = standard("mistral")
     model = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
     inputs = {i.name for i in model.graph.input if not i.name.startswith("past_key_values")}
-    assert inputs == {"input_ids", "write_index", "new_tokens", "logits_rows"}
+    assert inputs == {"input_ids", "write_index", "new_tokens", "logits_rows", "top_mode"}
     session = ModelSession(open_bundle(bundle), rows=ROWS)
     session.run([0, 1, 2], [[1] * 30, [2] * 20, [3] * 25], [1, 1, 1])  # long contexts first
     sent = session.transfers.to_device
     session.run([0, 2], [[4, 5, 6], [7]], [3, 1])  # slots 0-2 (1 idle), 3 wide, 4 logits rows
-    assert session.transfers.to_device - sent == 8 * (3 * 3 + 3 + 3 + 4)
+    assert session.transfers.to_device - sent == 8 * (3 * 3 + 3 + 3 + 4 + 1)
 
 
 def test_kv_update_is_in_place(zoo, tmp_path):

@@ -107,6 +107,11 @@ class GraphSpec:
     total_sequence_length: str = "total_sequence_length"
     logits_to_keep: str = "logits_to_keep"
     logits: str = "logits"
+    # Each logits row's greedy token and its probability, computed in the model's run when the input
+    # top_mode asks (0: neither, 1: the token, 2: both); empty in bundles exported before they existed.
+    top_mode: str = ""
+    top_token: str = ""
+    top_confidence: str = ""
     past_key: str = "past_key_values.{layer}.key"
     past_value: str = "past_key_values.{layer}.value"
     present_key: str = "present.{layer}.key"
@@ -119,7 +124,8 @@ class GraphSpec:
 
     def inputs(self) -> tuple[str, ...]:
         """The graph's inputs other than the KV buffers."""
-        return (self.input_ids, *(getattr(self, name) for name in FLAVOUR_INPUTS[self.flavour, self.masks]))
+        top = (self.top_mode,) if self.top_mode else ()
+        return (self.input_ids, *(getattr(self, name) for name in FLAVOUR_INPUTS[self.flavour, self.masks]), *top)
 
     def kv_names(self, layer: int) -> tuple[str, str, str, str]:
         """(past_key, past_value, present_key, present_value) of one layer."""

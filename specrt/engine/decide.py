@@ -1,7 +1,10 @@
 """Deciders: the two decisions of a round, picking a draft token and verifying drafts, behind one interface.
 
-- `GraphDecider` runs the bundle's sampler graphs on the device the logits are on (specrt.runtime.sampler):
-  the host sends settings, drafted ids and uniforms, and reads back ids, accepted counts and confidences.
+- `GraphDecider` decides on the device the logits are on: a round whose rows are all greedy reads the ids
+  (and the draft's confidences) its model runs computed beside their logits (`top`: no run after the
+  model's, the acceptance a prefix comparison of a few ids); any other round runs the bundle's sampler graphs
+  (specrt.runtime.sampler): the host sends settings, drafted ids and uniforms, and reads back ids, accepted
+  counts and confidences.
 - `HostDecider` reads the logits back into numpy and runs the reference maths (specrt.decoding.speculative):
   the path for bundles exported before the sampler graphs, and the reference the graphs are tested against.
 Both draw each request's uniforms from its own generator in the same order (decoding.speculative's
@@ -35,11 +38,22 @@ def settings(rows: list[Request]) -> Settings | None:
     )
 
 
+def leading_matches(drafted: list[int], target: list[int]) -> int:
+    """How many drafts, from the first, equal the target's greedy tokens at their positions."""
+    n = 0
+    while n < len(drafted) and drafted[n] == target[n]:
+        n += 1
+    return n
+
+
 class HostDecider:
     name = "host"
 
     def __init__(self) -> None:
         self._q: dict[int, list[np.ndarray | None]] = {}  # slot -> the round's q per draft position
+
+    def top(self, rows: list[Request], draft: bool) -> int:
+        return 0  # it reads the logits themselves
 
     def begin_round(self, max_k: int, vocab: int) -> None:
         self._q.clear()
@@ -72,7 +86,15 @@ class GraphDecider:
     def begin_round(self, max_k: int, vocab: int) -> None:
         self.sampler.ensure_steps(max_k, vocab)
 
+    def top(self, rows: list[Request], draft: bool) -> int:
+        """What a model run over `rows` should compute beside its logits (ModelSession.run_logits' `top`):
+        when every row is greedy, the greedy tokens, and for a draft step their probabilities (the early
+        stop's signal); else nothing (the sampler graphs decide)."""
+        return (2 if draft else 1) if all(r.options.greedy for r in rows) else 0
+
     def pick(self, logits: Logits, rows: list[Request], step: int) -> tuple[list[int], list[float]]:
+        if logits.confidences is not None:  # greedy rows: the model's run picked (one position per row)
+            return list(logits.tokens), list(logits.confidences)
         s = settings(rows)
         u = None if s is None else np.array([draft_uniform(r.options, r.rng) or 0.0 for r in rows], np.float32)
         tokens, confidences = self.sampler.pick(logits, s, u, [r.slot for r in rows], step)
@@ -81,6 +103,13 @@ class GraphDecider:
     def verify(
         self, logits: Logits, rows: list[Request], drafted: list[list[int]], lookup: list[bool]
     ) -> list[tuple[int, int]]:
+        if logits.tokens is not None:  # greedy rows: the longest prefix agreeing with the target's tokens
+            out = []
+            for start, d in zip(logits.starts, drafted, strict=True):
+                target = logits.tokens[start : start + len(d) + 1]
+                n = leading_matches(d, target)
+                out.append((n, target[n]))
+            return out
         s = settings(rows)
         u_accept = u_final = None
         if s is not None:  # greedy rows draw nothing (verify_uniforms returns None for them)

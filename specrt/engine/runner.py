@@ -9,8 +9,9 @@
 - `target_pass`: ONE batched target pass over every running row's [last token, drafts...], then the
   verification of every row in one decider call.
 Each model keeps one KV slot per request (the same index in both); rows are ragged and padded by the
-session. Logits stay where the model wrote them: the decider (decide.py) turns them into ids, on the
-device (the sampler graphs) or on the host (numpy). The runner times its runs and knows nothing about
+session. Logits stay where the model wrote them: the decider (decide.py) says what each run should compute
+beside them (`top`: the greedy pick, when every row is greedy) and turns them into ids, on the device (the
+model runs' own picks, or the sampler graphs) or on the host (numpy). The runner times its runs and knows nothing about
 stopping.
 """
 
@@ -51,8 +52,10 @@ class Runner:
         row = self.target.kv.rows[request.slot]
         prompt = request.prompt
         end = min(len(prompt), row.length + chunk)
-        logits = self.target.run_logits([request.slot], [prompt[row.length : end]], [1])
-        if end < len(prompt):
+        last = end == len(prompt)
+        top = self.decider.top([request], draft=False) if last else 0
+        logits = self.target.run_logits([request.slot], [prompt[row.length : end]], [1], top)
+        if not last:
             return None
         return self.decider.verify(logits, [request], [[]], [False])[0][1]
 
@@ -84,8 +87,14 @@ class Runner:
         while active:
             order = list(active.values())
             t0 = time.perf_counter()
-            logits = self.draft.run_logits([r.slot for r, _ in order], [feed[r.id] for r, _ in order], [1] * len(order))
-            tokens, confidences = self.decider.pick(logits, [r for r, _ in order], step)
+            requests = [r for r, _ in order]
+            logits = self.draft.run_logits(
+                [r.slot for r in requests],
+                [feed[r.id] for r in requests],
+                [1] * len(order),
+                self.decider.top(requests, True),
+            )
+            tokens, confidences = self.decider.pick(logits, requests, step)
             ms = 1000 * (time.perf_counter() - t0)
             for (r, k), token, confidence in zip(order, tokens, confidences, strict=True):
                 p = out[r.id]
@@ -111,8 +120,12 @@ class Runner:
         small model's profile look wrong)."""
         t0 = time.perf_counter()
         drafted = [p.tokens for _, p in rows]
+        requests = [r for r, _ in rows]
         logits = self.target.run_logits(
-            [r.slot for r, _ in rows], [[r.tokens[-1], *p.tokens] for r, p in rows], [len(d) + 1 for d in drafted]
+            [r.slot for r in requests],
+            [[r.tokens[-1], *p.tokens] for r, p in rows],
+            [len(d) + 1 for d in drafted],
+            self.decider.top(requests, draft=False),
         )
         ms = 1000 * (time.perf_counter() - t0)
-        return self.decider.verify(logits, [r for r, _ in rows], drafted, [p.lookup for _, p in rows]), ms
+        return self.decider.verify(logits, requests, drafted, [p.lookup for _, p in rows]), ms

@@ -1,14 +1,15 @@
-"""Device buffers, bound host inputs and the transfer counter: what lives where a model runs, and every byte
+"""Device buffers, bound host arrays and the transfer counter: what lives where a model runs, and every byte
 that crosses.
 
 `DeviceBuffer` is one float32 buffer on a session's device (host memory for the CPU provider, GPU memory for
 CUDA), allocated zeroed, grown geometrically when a run needs more, and bound at its base pointer with any
 shape that fits: a model's logits are written into it and a sampler graph reads them from it, with nothing
-crossing in between. `HostInputs` keeps the small host arrays an IO binding reads (ids, past lengths,
-settings) bound from run to run, rewriting them in place while their shapes hold. `Transfers` counts the
-bytes the loop moves: host arrays bound as inputs count as host -> device, arrays read back into numpy as
-device -> host. On the CPU provider "device" memory is host memory, and the same accounting applies to what
-the loop reads into numpy, so the counter shows on a CPU exactly what would cross a PCIe bus on a GPU.
+crossing in between. `HostArrays` keeps the small host arrays an IO binding reads (ids, past lengths,
+settings) and writes (ids, counts) bound from run to run, inputs rewritten in place while their shapes hold.
+`Transfers` counts the bytes the loop moves: host arrays bound as inputs count as host -> device, arrays
+read back into numpy as device -> host. On the CPU provider "device" memory is host memory, and the same
+accounting applies to what the loop reads into numpy, so the counter shows on a CPU exactly what would
+cross a PCIe bus on a GPU.
 """
 
 from __future__ import annotations
@@ -19,27 +20,38 @@ from dataclasses import dataclass
 import numpy as np
 
 
-class HostInputs:
-    """The host arrays bound as one IO binding's inputs, kept from run to run.
+class HostArrays:
+    """The host arrays one IO binding reads (ids, past lengths, settings) and writes (ids, counts), kept bound
+    from run to run.
 
-    Binding an input costs host time on every run (ONNX Runtime builds a tensor and checks it against the
-    graph: ~40 us per input right after a 0.5B model's run has flushed the caches, on this machine, against
-    ~6 us for the whole unbound loop). An input whose shape and type did not change since the last run is
-    written into the array already bound instead (ONNX Runtime reads a bound CPU array in place at run time),
-    so a draft step after the first of a round binds nothing."""
+    Binding costs host time on every run (ONNX Runtime builds a tensor and checks it against the graph:
+    ~40 us per input right after a 0.5B model's run has flushed the caches, on this machine, against ~6 us
+    for the whole unbound loop). An input whose shape and type did not change since the last run is written
+    into the array already bound instead (ONNX Runtime reads a bound CPU array in place at run time), so a
+    draft step after the first of a round binds nothing; an output array is bound once per shape and type,
+    and ONNX Runtime writes each run's result into it (copied from the device where the graph ran)."""
 
     def __init__(self, io):
         self.io = io
-        self.bound: dict[str, np.ndarray] = {}
+        self.inputs: dict[str, np.ndarray] = {}
+        self.outputs: dict[str, np.ndarray] = {}
 
     def set(self, name: str, array: np.ndarray) -> None:
-        old = self.bound.get(name)
+        old = self.inputs.get(name)
         if old is not None and old.shape == array.shape and old.dtype == array.dtype:
             np.copyto(old, array)
             return
         array = np.array(array, copy=True, order="C")  # owned here: the caller may reuse its own
         self.io.bind_cpu_input(name, array)
-        self.bound[name] = array
+        self.inputs[name] = array
+
+    def output(self, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """The host array bound as output `name`: the next run writes into it (read it before the one after)."""
+        out = self.outputs.get(name)
+        if out is None or out.shape != tuple(shape) or out.dtype != np.dtype(dtype):
+            out = self.outputs[name] = np.empty(shape, dtype)
+            self.io.bind_output(name, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+        return out
 
 
 @dataclass
@@ -119,13 +131,16 @@ class DeviceBuffer:
 @dataclass
 class Logits:
     """A run's logits left where the model wrote them: [positions, vocab] in `buffer`; row i of the run owns
-    positions [starts[i], starts[i] + keep[i])."""
+    positions [starts[i], starts[i] + keep[i]). `tokens` / `confidences`: each position's greedy token and
+    its probability, when the run asked its graph for them (ModelSession.run_logits' `top`)."""
 
     buffer: DeviceBuffer
     positions: int
     vocab: int
     starts: list[int]
     keep: list[int]
+    tokens: list[int] | None = None
+    confidences: list[float] | None = None
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..bundle.loading import Bundle
 from ..errors import BundleError
-from .buffers import DeviceBuffer, HostInputs, Logits, Transfers
+from .buffers import DeviceBuffer, HostArrays, Logits, Transfers
 from .session import DEVICES, SessionOptions
 
 GRAPHS = ("pick_greedy", "pick_sampled", "pick_filtered", "verify_greedy", "verify_sampled", "verify_filtered")
@@ -79,8 +79,7 @@ class GraphSampler:
         self.options, self.transfers, self.slots = options, transfers, slots
         self.sessions: dict = {}
         self._io: dict = {}
-        self._bound: dict = {}  # (graph, pooled) -> its IO binding's host outputs: name -> ((dtype, shape), array)
-        self._inputs: dict = {}  # (graph, pooled) -> its IO binding's host inputs
+        self._host: dict = {}  # (graph, pooled) -> its IO binding's host arrays
         for name in GRAPHS:
             self.swap(name, str(bundle.path / FOLDER / f"{name}.onnx"))
         self.q_store = DeviceBuffer(options.device, options.device_id, transfers)
@@ -104,8 +103,7 @@ class GraphSampler:
         else:
             self.sessions[name] = tuple(self._session(model, threads) for threads in (1, self.options.intra_op_threads))
         self._io[name] = tuple(s.io_binding() for s in self.sessions[name])
-        self._bound = {key: v for key, v in self._bound.items() if key[0] != name}
-        self._inputs = {key: v for key, v in self._inputs.items() if key[0] != name}
+        self._host = {key: v for key, v in self._host.items() if key[0] != name}
         return old
 
     def _session(self, model, threads: int):
@@ -136,8 +134,7 @@ class GraphSampler:
         host time on every run); the device buffers skip a binding they already have themselves."""
         pooled = int(logits.positions * logits.vocab > POOLED_FROM)
         io = self._io[name][pooled]
-        bound = self._bound.setdefault((name, pooled), {})
-        host = self._inputs.get((name, pooled)) or self._inputs.setdefault((name, pooled), HostInputs(io))
+        host = self._host.get((name, pooled)) or self._host.setdefault((name, pooled), HostArrays(io))
         for key, array in inputs.items():
             host.set(key, array)
         self.transfers.sent(*inputs.values())
@@ -146,14 +143,11 @@ class GraphSampler:
             self.q_store.bind_input(io, "q_store", self._q_shape())
         if name.startswith("pick_") and name != "pick_greedy":  # the same buffer as output: ScatterND writes
             self.q_store.bind_output(io, "q_store_out", self._q_shape())
-        for key, spec in outputs.items():
-            if bound.get(key, (None,))[0] != spec:
-                bound[key] = (spec, np.empty(spec[1], spec[0]))
-                io.bind_output(key, "cpu", 0, bound[key][1].dtype, list(spec[1]), bound[key][1].ctypes.data)
+        bound = {key: host.output(key, *spec) for key, spec in outputs.items()}
         t0 = time.perf_counter()
         self.sessions[name][pooled].run_with_iobinding(io)
         self.seconds += time.perf_counter() - t0
-        out = {key: bound[key][1].copy() for key in outputs}
+        out = {key: array.copy() for key, array in bound.items()}
         self.transfers.received(*out.values())
         return out
 

@@ -18,10 +18,11 @@ import numpy as np
 
 from ..bundle.loading import Bundle
 from ..errors import BundleError, OptionsError
-from .buffers import DeviceBuffer, HostInputs, Logits, Transfers
+from .buffers import DeviceBuffer, HostArrays, Logits, Transfers
 from .kvcache import KV_TYPES, KVCache
 
 DEVICES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+_TOP_MODES = [np.array([mode], np.int64) for mode in range(3)]  # the graph's top_mode input, by value
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,10 @@ class ModelSession:
         self._io = self._bind_rows(0, 1)
         # The logits of every run, on the session's device; read back only by the numpy path.
         self.logits = DeviceBuffer(options.device, options.device_id, self.transfers)
-        self._inputs: dict[int, HostInputs] = {}  # per IO binding (each lives as long as the session)
+        self._host: dict[int, HostArrays] = {}  # per IO binding (each lives as long as the session)
+        # The top outputs, per IO binding: ((asked, positions), their host arrays); unasked ones go to scratch.
+        self._top: dict[int, tuple] = {}
+        self._top_scratch = DeviceBuffer(options.device, options.device_id, self.transfers, np.int64)
         self.seconds = 0.0  # inside ONNX Runtime (model runs), since load
 
     def _bind_rows(self, lo: int, hi: int):
@@ -159,7 +163,7 @@ class ModelSession:
         inputs = {i.name: i.shape for i in self.session.get_inputs()}
         outputs = {o.name: o.shape for o in self.session.get_outputs()}
         want_in = set(g.inputs())
-        want_out = {g.logits}
+        want_out = {g.logits} | ({g.top_token, g.top_confidence} if g.top_mode else set())
         for layer in range(a.num_layers):
             pk, pv, ok, ov = g.kv_names(layer)
             want_in |= {pk, pv}
@@ -185,18 +189,54 @@ class ModelSession:
                     "(kv_heads, max_seq_len, head_dim / vocab_size); re-export the bundle"
                 )
 
-    def _execute(self, io, inputs: dict[str, np.ndarray], positions: int, starts: list[int], keep: list[int]) -> Logits:
+    def _execute(
+        self, io, inputs: dict[str, np.ndarray], positions: int, starts: list[int], keep: list[int], top: int
+    ) -> Logits:
         """Bind the host inputs (counted as sent) and the logits buffer, run, and hand back the logits where
-        they are."""
-        host = self._inputs.get(id(io)) or self._inputs.setdefault(id(io), HostInputs(io))
+        they are, with each logits row's greedy token (top >= 1) and its probability (top 2) where the graph
+        computes them (counted as received)."""
+        g = self.graph
+        host = self._host.get(id(io)) or self._host.setdefault(id(io), HostArrays(io))
+        if g.top_mode:
+            inputs[g.top_mode] = _TOP_MODES[top]
+            tokens, confidences = self._bind_top(io, positions, top)
         for name, array in inputs.items():
             host.set(name, array)
         self.transfers.sent(*inputs.values())
-        self.logits.bind_output(io, self.graph.logits, self._logits_shape(positions))
+        self.logits.bind_output(io, g.logits, self._logits_shape(positions))
         t0 = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.seconds += time.perf_counter() - t0
-        return Logits(self.logits, positions, self.vocab_size, starts, keep)
+        logits = Logits(self.logits, positions, self.vocab_size, starts, keep)
+        if g.top_mode and top:
+            self.transfers.received(tokens, confidences)
+            logits.tokens = tokens.tolist()
+            logits.confidences = confidences.tolist() if top >= 2 else None
+        return logits
+
+    def _bind_top(self, io, positions: int, top: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The graph's top outputs bound to host arrays when the run asks for them (they cross), else to a
+        scratch buffer on the device (zeros that stay there). Rebound only when that, the shape or the
+        scratch buffer's address (it grows) changes."""
+        g, opts = self.graph, self.options
+        if not top:
+            self._top_scratch.reserve(2 * positions)  # int64 tokens in the first half, float32 after them
+        key = (positions, None) if top else (positions, self._top_scratch.ptr)
+        bound = self._top.get(id(io))
+        if bound is None or bound[0] != key:
+            if top:
+                arrays = (np.zeros(positions, np.int64), np.zeros(positions, np.float32))
+                for name, a in zip((g.top_token, g.top_confidence), arrays, strict=True):
+                    io.bind_output(name, "cpu", 0, a.dtype, [positions], a.ctypes.data)
+            else:
+                arrays, base = (None, None), self._top_scratch.ptr
+                for name, dtype, at in (
+                    (g.top_token, np.int64, base),
+                    (g.top_confidence, np.float32, base + 8 * positions),
+                ):
+                    io.bind_output(name, opts.device, opts.device_id, dtype, [positions], at)
+            bound = self._top[id(io)] = (key, arrays)
+        return bound[1]
 
     def _logits_shape(self, positions: int) -> tuple[int, ...]:
         return (1, positions, self.vocab_size) if self.graph.flavour == "gqa" else (positions, self.vocab_size)
@@ -208,7 +248,7 @@ class ModelSession:
         """
         return self.run([0], [ids], [keep])[0]
 
-    def _run_gqa(self, ids: Sequence[int], keep: int) -> Logits:
+    def _run_gqa(self, ids: Sequence[int], keep: int, top: int) -> Logits:
         """The batch-1 graph's run (GroupQueryAttention, slot 0): sequence lengths instead of a mask."""
         n, row = len(ids), self.kv.rows[0]
         if n == 0 or not 1 <= keep <= n:
@@ -223,7 +263,7 @@ class ModelSession:
         total_len = np.array(total, np.int32)
         keep_arr = np.array([keep], np.int64)
         inputs = {g.input_ids: input_ids, g.seqlens_k: seqlens_k, g.total_sequence_length: total_len}
-        logits = self._execute(io, {**inputs, g.logits_to_keep: keep_arr}, keep, [0], [keep])
+        logits = self._execute(io, {**inputs, g.logits_to_keep: keep_arr}, keep, [0], [keep], top)
         row.advance(list(ids))
         return logits
 
@@ -232,9 +272,13 @@ class ModelSession:
         returned arrays are views of a buffer the next run reuses."""
         return self.run_logits(slots, ids, keep).rows()
 
-    def run_logits(self, slots: Sequence[int], ids: Sequence[Sequence[int]], keep: Sequence[int]) -> Logits:
+    def run_logits(
+        self, slots: Sequence[int], ids: Sequence[Sequence[int]], keep: Sequence[int], top: int = 0
+    ) -> Logits:
         """One graph run for several rows (standard graph): slot slots[i] appends ids[i] to its cached
-        context; the logits of each row's last keep[i] new positions stay on the device (`Logits`).
+        context; the logits of each row's last keep[i] new positions stay on the device (`Logits`). top: 1
+        asks the graph for each of those positions' greedy token too, 2 also for its probability (read back
+        as `Logits.tokens` / `confidences`; None where the bundle's graph has no such outputs).
 
         Rows are ragged: each has its own past length and number of new tokens (padded to the widest). The
         run covers the slot range [min, max] of `slots`; a slot inside it that has no tokens this time is
@@ -245,7 +289,7 @@ class ModelSession:
         if self.graph.flavour != "standard":  # one row: the batch-1 graph's own call
             if list(slots) != [0]:
                 raise ValueError(f"a {self.graph.flavour} graph runs slot 0 alone; got slots {list(slots)}")
-            return self._run_gqa(ids[0], keep[0])
+            return self._run_gqa(ids[0], keep[0], top)
         if len(set(slots)) != len(slots) or min(slots) < 0 or max(slots) >= len(self.kv.rows):
             raise ValueError(f"slots {list(slots)} must be distinct and in [0, {len(self.kv.rows)})")
         # Plain Python over the rows, one numpy array per graph input: this runs up to k + 1 times a round,
@@ -285,7 +329,7 @@ class ModelSession:
             inputs = {g.input_ids: input_ids, g.position_ids: positions, g.write_index: start, g.attention_mask: mask}
         starts = [0, *itertools.accumulate(keep)][:-1]
         inputs[g.logits_rows] = np.array(rows_out, np.int64)
-        logits = self._execute(io, inputs, len(rows_out), starts, list(keep))
+        logits = self._execute(io, inputs, len(rows_out), starts, list(keep), top)
         for slot, x in zip(slots, ids, strict=True):
             self.kv.rows[slot].advance(x)
         return logits
