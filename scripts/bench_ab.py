@@ -4,7 +4,8 @@
 Each configuration is a worker process holding one loaded engine: a specrt source tree (`--config NAME=ROOT`,
 e.g. a worktree of an older commit, to check that a change keeps the speed) and, for trees that have it, a
 tuning policy override (`NAME=ROOT:plain_every=None,early_stop=False` switches a heuristic of
-specrt.tuning.costmodel.Policy off), a fixed k (`k=3`; auto otherwise), and stored profiles as an export on a
+specrt.tuning.costmodel.Policy off; `batch_plain_margin=-1` sets a field of the batch's cost model,
+specrt.tuning.batchcost.BatchCost), a fixed k (`k=3`; auto otherwise), and stored profiles as an export on a
 busy machine leaves them (`target_profile_x=5,draft_profile_x=11`: the worker loads hard-linked copies of the
 bundles whose stored profiles are that many times too slow, scripts/busy_bundles.py; the copies live in a
 temporary folder, so what the engine stores after measuring again never touches the originals). The parent
@@ -48,6 +49,7 @@ def worker(args: argparse.Namespace) -> None:
 
     policy = json.loads(args.policy) if args.policy else {}
     fixed_k = policy.pop("k", None)
+    batch_policy = {key[len("batch_") :]: policy.pop(key) for key in list(policy) if key.startswith("batch_")}
     factors = {role: policy.pop(f"{role}_profile_x", None) for role in ("target", "draft")}
     bundles = {"target": args.target, "draft": args.draft}
     if any(factors.values()):
@@ -63,6 +65,16 @@ def worker(args: argparse.Namespace) -> None:
         from dataclasses import replace
 
         engine.tuning.policy = replace(engine.tuning.policy, **policy)
+    if batch_policy:  # fields of the batch's cost model (specrt.tuning.batchcost.BatchCost), set when it is made
+        make = engine._batch_cost
+
+        def batch_cost(alone: bool):
+            cost = make(alone=alone)
+            for key, value in batch_policy.items() if cost is not None else ():
+                setattr(cost, key, value)
+            return cost
+
+        engine._batch_cost = batch_cost
     prompts = {p.name: p for p in DEFAULT_PROMPTS}
     names = [p.name for p in DEFAULT_PROMPTS]
     # Warm-up: the first generation of a fresh engine pages in weights and sizes buffers (and measures profiles).
@@ -97,6 +109,9 @@ def worker(args: argparse.Namespace) -> None:
             "acceptance": sum(s.accepted for s in stats) / drafted if drafted else 0.0,
             "k": dict(sorted(k.items(), key=lambda x: int(x[0]))),
         }
+        cost = getattr(engine.scheduler, "batch_cost", None)
+        if cost is not None:  # what the batch has learned so far: live / profiled round time per pass width
+            out["batch_ratios"] = {str(w): round(r, 3) for w, r in sorted(cost.ratios.items())}
         print(json.dumps(out), flush=True)
 
 
