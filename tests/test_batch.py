@@ -229,28 +229,6 @@ def test_k_for_the_batch_does_not_flap():
     assert BatchCost(target, draft).choose([4], [lambda k: 1 + 0.95 * k], [False], [True]).ks == [4]
 
 
-def test_a_batch_charges_a_catch_up_to_the_rounds_it_pays_for():
-    """Two rows, drafting pays at K = 2 when the drafts kept up. Row 0's draft sat out 150 tokens: its
-    catch-up, spread over its rounds left, keeps the batch plain with 6 tokens left and not with 600; and a
-    round exploring a width never pays a catch-up."""
-    from specrt.tuning.batchcost import BatchCost
-    from specrt.tuning.profile import BatchProfile
-
-    widths, batches = list(range(1, 10)), [1, 2, 4, 8]
-    target = BatchProfile(batches, widths, [[40 + 2 * b * (w - 1) for w in widths] for b in batches])
-    draft = BatchProfile(batches, widths, [[4.0 + 0.5 * b for _ in widths] for b in batches])
-    expected = [lambda k: sum(0.9**i for i in range(k + 1))] * 2
-    args = ([2, 2], expected, [False, False], [True, True], 64)
-    assert BatchCost(target, draft).choose(*args).ks == [2, 2]
-    assert BatchCost(target, draft).choose(*args, [900.0, 0.0], [6, 6]).ks == [0, 0]
-    assert BatchCost(target, draft).choose(*args, [900.0, 0.0], [600, 600]).ks == [2, 2]
-    cost = BatchCost(target, draft, explore_every=1)  # every round may explore a stale neighbour...
-    cost.observe(cost.choose(*args, [0.0, 0.0], [600, 600]), [2, 2], [True, True], 64, 60.0)
-    stale = cost.choose(*args, [0.0, 0.0], [600, 600])
-    assert stale.explore  # ... and explores one while the drafts kept up,
-    assert not cost.choose(*args, [900.0, 900.0], [600, 600]).explore  # but not when they must catch up first
-
-
 def test_batch_cost_reads_t_at_the_batchs_longest_row():
     """A batched pass attends every row over the longest one, a cost per row that grows with the context: a
     plain step of a full batch is cheap at short contexts (speculation does not pay) and dear at long ones

@@ -428,24 +428,3 @@ def test_a_row_in_a_batch_does_not_stop_drafting_to_time_a_plain_step():
     m = model_with({1: 50.0, 2: 52.0, 3: 54.0}, 10, 0.5, Policy(plain_every=32))  # k = 1: 21% over plain
     assert m.choose(2, 100, alone=True).k == 0  # alone: time a plain step first
     assert m.choose(2, 100, alone=False).k > 0  # in a batch: draft on the evidence
-
-
-def test_a_draft_far_behind_drafts_only_where_its_catch_up_pays():
-    """A row whose draft sat out 200 tokens (the plain rounds of a batch) and which now runs alone: drafting
-    k = 2 at 90% saves ~40% per token, but not the ~860 ms catch-up over 4 tokens left, and no probe
-    spends it either; over 200 tokens left it does; a draft that kept up drafts with any tokens left."""
-    target = {s: 60 * (1 + 0.1 * (s - 1)) for s in range(1, 10)}
-    m = model_with(target, 12, alpha=0.9)
-    m.steps.profiles[DRAFT] = flat_profile({1: 12.0, 16: 60.0})  # a 16-token chunk: 60 ms
-    assert m.catch_up_ms(200, 300) == pytest.approx(199 / 16 * 60)
-    assert m.choose(2, 300, behind=200, remaining=4).k == 0
-    assert m.choose(2, 300, behind=200, remaining=200).k == 2
-    assert m.choose(2, 300, behind=1, remaining=4).k == 2 and m.catch_up_ms(2, 300) == 0
-    poor = model_with(target, 12, alpha=0.05)
-    poor.steps.profiles[DRAFT] = m.steps.profiles[DRAFT]
-    poor.idle, poor.backoff = 100, 1  # due for a probe: only where its catch-up fits the probe budget
-    assert poor.choose(2, 300, behind=200, remaining=4).why == "idle"
-    assert poor.choose(2, 300, behind=200, remaining=100_000).why == "probe"
-    off = model_with(target, 12, alpha=0.9, policy=Policy(plain_every=None, weigh_catch_up=False))
-    off.steps.profiles[DRAFT] = m.steps.profiles[DRAFT]
-    assert off.choose(2, 300, behind=200, remaining=4).k == 2  # the rule off: the catch-up is not seen

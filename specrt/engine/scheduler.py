@@ -187,16 +187,7 @@ class Scheduler:
             [r.options.num_draft_tokens is not None for r in rows],
             [p.drafter == MODEL for p in plans],
             context,
-            [self._catch_up_ms(r, p.drafter) for r, p in zip(rows, plans, strict=True)],
-            [r.remaining for r in rows],
         )
-
-    def _catch_up_ms(self, r: Request, drafter: str | None) -> float:
-        """What row r's draft must feed before it can draft this round (0: it kept up, or no cost model)."""
-        cost = _cost(r, drafter)
-        if cost is None or drafter != MODEL:
-            return 0.0
-        return cost.catch_up_ms(len(r.tokens) - self.runner.draft.kv.rows[r.slot].length, len(r.tokens))
 
     # ------------------------------------------------------------------ settling one row's round
 
@@ -275,8 +266,7 @@ class Scheduler:
             if fixed is not None or cost is None:
                 best = (0.0, name, cap, found)
                 break
-            behind = length - self.runner.draft.kv.rows[r.slot].length if name == MODEL else 0
-            choice = choices[name] = cost.choose(cap, length, alone, behind, r.remaining)
+            choice = choices[name] = cost.choose(cap, length, alone=alone)
             if choice.k and (best is None or choice.rate > best[0]):
                 best = (choice.rate, name, choice.k, found)
         if best is None:

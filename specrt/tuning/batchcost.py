@@ -18,20 +18,13 @@ grows with B * W and K falls, to 0 (plain batching) when speculation would spend
 needs. The ceiling moves only when the new one promises `margin` more tokens/s than the current one, so
 a batch near the break-even point does not thrash between two values from round to round.
 
-A row whose draft sat out rounds (the batch's plain rounds) must catch its draft up before drafting again:
-its catch-up is charged to the rounds it would pay for, `catch_up[r]` spread over the row's rounds left at
-that k (remaining tokens / E_r(k), at least one). Without it a batch that mostly runs plain rounds would
-explore or probe a drafting round now and then and pay a draft prefill of every row's whole context for it
-(measured at 2 rows, int4 pair: 5-11% of the wall time; results/trust/catch-up).
-
 The profile is corrected from the rounds the batch runs: per pass width W, the measured time of its rounds
 against the profile's prediction, smoothed (`ratios`; a width not yet run reads the line through those run). One
 ratio for all widths would only follow the machine's drift and leave the choice where it was (a common
 factor cancels in the argmax); per width it learns what the choice needs, how much a wider round really
 costs against a narrower one on this machine now. A width the batch does not run is not learned, so every
 `explore_every` rounds one round runs at a neighbour of the best ceiling (K - 1 or K + 1) whose width has not
-been timed in the last `stale_after` rounds: a neighbour timed better becomes the best, and so on; never
-one that needs a catch-up (timing a width must not cost a draft prefill).
+been timed in the last `stale_after` rounds: a neighbour timed better becomes the best, and so on.
 """
 
 from __future__ import annotations
@@ -102,29 +95,18 @@ class BatchCost:
         fixed: Sequence[bool],
         drafting: Sequence[bool],
         context: int | None = None,
-        catch_up: Sequence[float] | None = None,
-        remaining: Sequence[int] | None = None,
     ) -> BatchChoice:
         """Per-row k for the round: each auto row's own choice, capped at the ceiling K that maximises the
         batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass).
-        catch_up[r]: milliseconds row r's draft needs before it can draft (0: it kept up), remaining[r]: the
-        tokens it may still produce. A query: the ceiling in force changes only when the round is observed."""
-        catch_up = catch_up or [0.0] * len(wanted)
+        A query: the ceiling in force changes only when the round is observed."""
 
         def ks_for(ceiling: int) -> list[int]:
             return [w if f else min(w, ceiling) for w, f in zip(wanted, fixed, strict=True)]
 
-        def catching_up(ks: list[int]) -> list[int]:
-            return [r for r, k in enumerate(ks) if k and drafting[r] and catch_up[r] > 0]
-
         def value(ceiling: int) -> float:
             ks = ks_for(ceiling)
             gain = sum(e(k) for e, k in zip(expected, ks, strict=True))
-            ms = self.round_ms(ks, drafting, context)
-            for r in catching_up(ks):  # spread over the rounds it would pay for
-                rounds = remaining[r] / expected[r](ks[r]) if remaining is not None else 1.0
-                ms += catch_up[r] / max(1.0, rounds)
-            return gain / ms
+            return gain / self.round_ms(ks, drafting, context)
 
         top = max((w for w, f in zip(wanted, fixed, strict=True) if not f), default=0)
         candidates = {k: value(k) for k in range(top + 1)}
@@ -139,9 +121,7 @@ class BatchCost:
             stale = [
                 k
                 for k in (best - 1, best + 1)
-                if k in candidates
-                and self.rounds - self.timed.get(max(ks_for(k)) + 1, -(1 << 30)) > self.stale_after
-                and not catching_up(ks_for(k))
+                if k in candidates and self.rounds - self.timed.get(max(ks_for(k)) + 1, -(1 << 30)) > self.stale_after
             ]
             if stale:
                 return BatchChoice(stale[0], ks_for(stale[0]), explore=True)

@@ -21,14 +21,9 @@ it pays (removing it costs more than 3% of tokens/s on the real pair: results/la
 - **early stop** (`keep_drafting`): the chosen k is a ceiling for a draft model; after each draft token, its
   calibrated confidence says whether going on promises more than verifying now. It depends on the draft
   alone, so verification stays exact.
-- **the draft's catch-up** (`weigh_catch_up`): a draft whose slot sat out rounds (plain rounds of a batch,
-  rounds that did not pay) must first feed every token it missed; drafting again must save more than that
-  over the tokens left (and a probe may spend at most `probe_budget` of the plain decoding time left on it).
-  Alone from the first round the draft never falls behind and this rule is silent (it was once removed for
-  measuring within 1% there); in a batch it is what keeps a row that finishes its batch mates' rounds alone
-  from paying a draft prefill of its whole context for its last few tokens (results/trust/catch-up).
-A rule was measured not to pay and is gone: a 3% margin drafting had to promise over plain decoding (within
-1% on the int4 and native pairs, 8 prompts).
+Two rules were measured not to pay and are gone: a 3% margin drafting had to promise over plain decoding,
+and weighing a draft's catch-up (after rounds it sat out) against the tokens left (both within 1% on the
+int4 and native pairs, 8 prompts).
 This module knows nothing about sessions or the scheduler: it is handed numbers and asked questions.
 """
 
@@ -50,11 +45,9 @@ class Policy:
     probe_after: int | None = 8  # idle rounds before the first probe (None: never probe)
     max_backoff: int = 256
     probe_acceptance: float = 0.95
-    probe_budget: float = 0.02  # a probe's catch-up may cost this share of the plain decoding time left
     plain_every: int | None = 32  # None: never decode plain just to time it
     plain_margin: float = 0.3
     early_stop: bool = True
-    weigh_catch_up: bool = True
 
 
 @dataclass(frozen=True)
@@ -111,39 +104,24 @@ class CostModel:
             expected = sum(acceptance**i for i in range(k + 1))  # 1 + a + ... + a^k
         return expected / (k * self.draft_ms(context) + self.steps.ms(TARGET, k + 1, context))
 
-    def choose(
-        self, k_cap: int, context: int, alone: bool = True, behind: int = 1, remaining: int | None = None
-    ) -> Choice:
+    def choose(self, k_cap: int, context: int, alone: bool = True) -> Choice:
         """The k in 0..k_cap with the most expected tokens per millisecond (0: speculation does not pay).
         alone: the round runs at batch 1, so its passes time the target (a batched round prices the batch,
-        not a row: a plain step taken there to time plain decoding would buy nothing); behind: tokens the
-        draft must feed before it can propose (1 or 2 when it kept up); remaining: tokens this generation may
-        still produce (None: unknown, catch-ups are not weighed)."""
+        not a row: a plain step taken there to time plain decoding would buy nothing)."""
         policy = self.policy
         if k_cap <= 0:
             return Choice(0, "none")
         rates = {k: self.tokens_per_ms(k, context) for k in range(k_cap + 1)}
         k = max(rates, key=lambda j: (rates[j], -j))  # ties: the smaller k
-        catch_up = self.catch_up_ms(behind, context)
-        if k and remaining is not None and remaining * (1 / rates[0] - 1 / rates[k]) <= catch_up:
-            k = 0  # drafting would not save its catch-up over the tokens left
         if k:
             stale = alone and policy.plain_every is not None and self.steps.rounds_since_plain >= policy.plain_every
             if stale and rates[k] < (1 + policy.plain_margin) * rates[0]:
                 return Choice(0, "timing")
             return Choice(k, "pays", rates[k])
         if self.backoff is not None and self.idle + 1 >= self.backoff:
-            if remaining is None or catch_up <= policy.probe_budget * remaining / rates[0]:
-                j = self._probe_width(k_cap, context, rates[0])
-                return Choice(j, "probe", rates[j])
+            j = self._probe_width(k_cap, context, rates[0])
+            return Choice(j, "probe", rates[j])
         return Choice(0, "idle")
-
-    def catch_up_ms(self, behind: int, context: int) -> float:
-        """The draft's catch-up on the `behind` tokens it missed beyond the usual one or two (the runner
-        feeds all but the last alone before the round's first draft step)."""
-        if self.drafter != MODEL or behind <= 2 or not self.policy.weigh_catch_up:
-            return 0.0
-        return self.steps.catch_up_ms(behind - 1, context)
 
     def _probe_width(self, k_cap: int, context: int, bar: float) -> int:
         """The fewest drafts that could pay under the optimistic acceptance, and at least one: a probe also
