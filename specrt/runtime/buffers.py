@@ -29,12 +29,13 @@ class HostArrays:
     for the whole unbound loop). An input whose shape and type did not change since the last run is written
     into the array already bound instead (ONNX Runtime reads a bound CPU array in place at run time), so a
     draft step after the first of a round binds nothing; an output array is bound once per shape and type,
-    and ONNX Runtime writes each run's result into it (copied from the device where the graph ran)."""
+    and ONNX Runtime writes each run's result into it (copied from the device where the graph ran), or an
+    output the host does not want is bound to device memory, again only when that changes."""
 
     def __init__(self, io):
         self.io = io
         self.inputs: dict[str, np.ndarray] = {}
-        self.outputs: dict[str, np.ndarray] = {}
+        self.outputs: dict[str, tuple] = {}  # name -> (where it is bound, the host array or None)
 
     def set(self, name: str, array: np.ndarray) -> None:
         old = self.inputs.get(name)
@@ -47,11 +48,20 @@ class HostArrays:
 
     def output(self, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
         """The host array bound as output `name`: the next run writes into it (read it before the one after)."""
-        out = self.outputs.get(name)
-        if out is None or out.shape != tuple(shape) or out.dtype != np.dtype(dtype):
-            out = self.outputs[name] = np.empty(shape, dtype)
+        key = ("cpu", np.dtype(dtype), tuple(shape))
+        bound = self.outputs.get(name)
+        if bound is None or bound[0] != key:
+            out = np.empty(shape, dtype)
             self.io.bind_output(name, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
-        return out
+            bound = self.outputs[name] = (key, out)
+        return bound[1]
+
+    def output_on_device(self, name: str, device: str, device_id: int, dtype, shape: tuple[int, ...], ptr: int):
+        """Output `name` left on the device at `ptr` (nothing crosses); bound anew only when that changes."""
+        key = (device, device_id, np.dtype(dtype), tuple(shape), ptr)
+        if self.outputs.get(name, (None,))[0] != key:
+            self.io.bind_output(name, device, device_id, np.dtype(dtype), list(shape), ptr)
+            self.outputs[name] = (key, None)
 
 
 @dataclass

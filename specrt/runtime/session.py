@@ -120,8 +120,7 @@ class ModelSession:
         # The logits of every run, on the session's device; read back only by the numpy path.
         self.logits = DeviceBuffer(options.device, options.device_id, self.transfers)
         self._host: dict[int, HostArrays] = {}  # per IO binding (each lives as long as the session)
-        # The top outputs, per IO binding: ((asked, positions), their host arrays); unasked ones go to scratch.
-        self._top: dict[int, tuple] = {}
+        # Where the graph's top outputs go when a run does not ask for them.
         self._top_scratch = DeviceBuffer(options.device, options.device_id, self.transfers, np.int64)
         self.seconds = 0.0  # inside ONNX Runtime (model runs), since load
 
@@ -199,7 +198,7 @@ class ModelSession:
         host = self._host.get(id(io)) or self._host.setdefault(id(io), HostArrays(io))
         if g.top_mode:
             inputs[g.top_mode] = _TOP_MODES[top]
-            tokens, confidences = self._bind_top(io, positions, top)
+            tokens, confidences = self._bind_top(host, positions, top)
         for name, array in inputs.items():
             host.set(name, array)
         self.transfers.sent(*inputs.values())
@@ -214,29 +213,21 @@ class ModelSession:
             logits.confidences = confidences.tolist() if top >= 2 else None
         return logits
 
-    def _bind_top(self, io, positions: int, top: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def _bind_top(self, host: HostArrays, positions: int, top: int) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The graph's top outputs bound to host arrays when the run asks for them (they cross), else to a
-        scratch buffer on the device (zeros that stay there). Rebound only when that, the shape or the
-        scratch buffer's address (it grows) changes."""
+        scratch buffer on the device (zeros that stay there)."""
         g, opts = self.graph, self.options
-        if not top:
-            self._top_scratch.reserve(2 * positions)  # int64 tokens in the first half, float32 after them
-        key = (positions, None) if top else (positions, self._top_scratch.ptr)
-        bound = self._top.get(id(io))
-        if bound is None or bound[0] != key:
-            if top:
-                arrays = (np.zeros(positions, np.int64), np.zeros(positions, np.float32))
-                for name, a in zip((g.top_token, g.top_confidence), arrays, strict=True):
-                    io.bind_output(name, "cpu", 0, a.dtype, [positions], a.ctypes.data)
-            else:
-                arrays, base = (None, None), self._top_scratch.ptr
-                for name, dtype, at in (
-                    (g.top_token, np.int64, base),
-                    (g.top_confidence, np.float32, base + 8 * positions),
-                ):
-                    io.bind_output(name, opts.device, opts.device_id, dtype, [positions], at)
-            bound = self._top[id(io)] = (key, arrays)
-        return bound[1]
+        if top:
+            return host.output(g.top_token, np.int64, (positions,)), host.output(
+                g.top_confidence, np.float32, (positions,)
+            )
+        self._top_scratch.reserve(2 * positions)  # int64 tokens in the first half, float32 after them
+        base = self._top_scratch.ptr
+        host.output_on_device(g.top_token, opts.device, opts.device_id, np.int64, (positions,), base)
+        host.output_on_device(
+            g.top_confidence, opts.device, opts.device_id, np.float32, (positions,), base + 8 * positions
+        )
+        return None, None
 
     def _logits_shape(self, positions: int) -> tuple[int, ...]:
         return (1, positions, self.vocab_size) if self.graph.flavour == "gqa" else (positions, self.vocab_size)
