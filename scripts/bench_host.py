@@ -4,6 +4,8 @@
     python scripts/bench_host.py --out results/host                          # the real int4 pair
     python scripts/bench_host.py --paths host sampler graph --modes greedy --out results/host-top
                                  # also the graph path with greedy picks in sampler graphs (before `top`)
+    python scripts/bench_host.py --paths host unchained graph --modes greedy --out results/host-chain
+                                 # greedy draft steps chained on the device against built from the host
     python scripts/bench_host.py --target T --draft D --out results/host-tiny --tokens 48
     python scripts/bench_host.py --numpy-target OLD_T --numpy-draft OLD_D --out results/host-before-after
                                  # numpy on bundles exported before (the mask sent per run) against the graphs
@@ -11,12 +13,13 @@
 
 Paths: "host" (numpy: logits read back), "graph" (greedy rounds read ids computed in the model runs, other
 rounds run the sampler graphs), "sampler" (the graph path with every decision in the sampler graphs, as for
-bundles exported before the model graph computed its greedy pick). For each configuration (batch 1 / 4 /
-8, k = 0 / 4, greedy / sampled at T = 0.8, top-k 50) and each path, interleaved (ABBA over `--repeats`),
-B requests of `--tokens` new tokens run together with a fixed k. Host time per round = (wall time - time
-inside ONNX Runtime, models and sampler graphs) / rounds; bytes per round from the engine's transfer
-counter. One engine per path, all loaded for the whole run (the numpy path may run other bundles:
-`--numpy-target/--numpy-draft`, e.g. ones whose runtime sends the mask). The wall time is that of the
+bundles exported before the model graph computed its greedy pick), "unchained" (the graph path with every
+draft step's inputs built and bound from the host, as before greedy draft steps chained on the device).
+For each configuration (batch 1 / 4 / 8, k = 0 / 4, greedy / sampled at T = 0.8, top-k 50) and each path,
+interleaved (ABBA over `--repeats`), B requests of `--tokens` new tokens run together with a fixed k. Host
+time per round = (wall time - time inside ONNX Runtime, models and sampler graphs) / rounds; bytes per round
+from the engine's transfer counter. One engine per path, all loaded for the whole run (the numpy path may
+run other bundles: `--numpy-target/--numpy-draft`, e.g. ones whose runtime sends the mask). The wall time is that of the
 engine's rounds (its scheduler's `step` calls, timed here), not of the clients' threads turning ids into
 text.
 """
@@ -32,8 +35,8 @@ from pathlib import Path
 
 import benchkit as kit
 
-PATHS = {"host": "host", "graph": "graph", "sampler": "graph"}  # path -> specrt.load's sampler
-LABELS = {"host": "numpy", "graph": "graph", "sampler": "sampler graphs"}
+PATHS = {"host": "host", "graph": "graph", "sampler": "graph", "unchained": "graph"}  # path -> specrt.load's sampler
+LABELS = {"host": "numpy", "graph": "graph", "sampler": "sampler graphs", "unchained": "graph unchained"}
 PROMPT = 'def merge_sort(items):\n    """Sort a list with merge sort and return a new list."""\n'
 
 
@@ -111,6 +114,8 @@ def main() -> None:
         engines[path] = e = specrt.load(*pair, max_batch=max(args.batches), sampler=PATHS[path])
         if path == "sampler":  # no greedy pick from the model runs: every decision in a sampler graph
             e.decider.top = lambda rows, draft: 0
+        if path == "unchained" and e.draft is not None:  # every draft step built and bound from the host
+            e.draft.chain = lambda lo, hi: None
         timed_steps(e)
         e.complete(PROMPT, specrt.GenerationOptions(max_new_tokens=8, num_draft_tokens=2))  # warm: allocations
     rows = []

@@ -81,6 +81,7 @@ def test_speculative_equals_target_only(engines, reference, draft, k):
     engine = engines[draft]
     options = GenerationOptions(max_new_tokens=40, num_draft_tokens=k, ignore_eos=True)
     drafted = accepted = 0
+    chained = engine.draft.chained_steps if engine.draft is not None else 0
     for prompt in PROMPTS:
         gen = engine.complete(prompt, options)
         assert gen.token_ids == reference[prompt], f"{draft} draft, k={k}, prompt {prompt!r}"
@@ -88,6 +89,8 @@ def test_speculative_equals_target_only(engines, reference, draft, k):
         drafted += gen.stats.drafted
         accepted += gen.stats.accepted
     assert drafted > 0, f"{draft} draft, k={k}: nothing was drafted, so nothing was compared"
+    if draft in ("self", "noisy", "small") and k is not None and k >= 2:  # greedy steps chained on the device
+        assert engine.draft.chained_steps > chained, f"{draft} draft, k={k}: no draft step was chained"
     if draft == "self":
         assert accepted == drafted  # a draft identical to the target is always right
     elif draft == "small":

@@ -198,3 +198,37 @@ def test_quantized_standard_bundles_build_and_run(zoo, standard, quant, weights,
         session.kv.rows[slot].reset()
     alone = session.run([1], [ids[1][:4]], [4])[0]
     assert np.abs(together[1] - alone).max() < 1e-3 * max(1.0, np.abs(alone).max())
+
+
+def test_chained_steps_equal_separate_runs(standard):
+    """Draft steps chained on the device (the first fed 1-2 ids per row, each later one the previous step's
+    greedy pick, bound in place) give the tokens, probabilities and slot contents of separate runs fed those
+    tokens from the host; after the first step a chained step sends only its write positions, and each
+    reads back 12 B per row."""
+    bundle, _ = standard("qwen2")
+    feeds = [[5, 9], [6], [7, 8]]  # ragged: the ids each draft slot lacks
+    runs = {}
+    for how in ("separate", "chained"):
+        session = ModelSession(open_bundle(bundle), rows=ROWS)
+        session.run([0, 1, 2], [[1] * 9, [2, 3] * 4, [4] * 5], [1, 1, 1])  # ragged contexts
+        got = []
+        if how == "chained":
+            chain = session.chain(0, ROWS)
+            chain.start(feeds, 3)
+            sent, received = session.transfers.to_device, session.transfers.to_host
+            for n in (1, 3, 1):  # one step, three back to back (past the 3 bound at start), one
+                tokens, confidences = chain.run(n)
+                got += list(zip(tokens, confidences, strict=True))
+            assert session.transfers.to_device - sent == 4 * 8 * ROWS
+            assert session.transfers.to_host - received == 5 * 12 * ROWS
+            assert session.chained_steps == 5
+        else:
+            for _ in range(5):
+                step = session.run_logits([0, 1, 2], [[t] for t in got[-1][0]] if got else feeds, [1, 1, 1], top=2)
+                got.append((step.tokens, step.confidences))
+        runs[how] = got, [list(r.ids) for r in session.kv.rows], [b.copy() for b in session.kv._host]
+    (a, ids_a, kv_a), (b, ids_b, kv_b) = runs["separate"], runs["chained"]
+    assert [t for t, _ in a] == [t for t, _ in b] and ids_a == ids_b
+    np.testing.assert_allclose([c for _, c in a], [c for _, c in b], rtol=1e-5)
+    for x, y in zip(kv_a, kv_b, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)

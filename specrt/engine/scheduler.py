@@ -159,7 +159,7 @@ class Scheduler:
             plans = [p.capped(k) for p, k in zip(plans, batch.ks, strict=True)]
         t0 = time.perf_counter()
         drafting = [(r, p.k) for r, p in zip(rows, plans, strict=True) if p.drafter == MODEL and p.k]
-        proposals = self.runner.propose(drafting, self._keep_drafting)
+        proposals = self.runner.propose(drafting, self._keep_drafting, self._stops_early)
         draft_ms = 1000 * (time.perf_counter() - t0)
         for r, p in zip(rows, plans, strict=True):
             if p.drafter == MODEL and p.k:
@@ -273,6 +273,12 @@ class Scheduler:
             return Plan(None, 0, choices=choices)
         _, name, k, found = best
         return Plan(name, k, found[:k] if found is not None else [], choices)
+
+    @staticmethod
+    def _stops_early(r: Request) -> bool:
+        """Whether `_keep_drafting` may end the row's drafting before its k (auto k, with the early stop)."""
+        cost = _cost(r, MODEL)
+        return cost is not None and r.options.num_draft_tokens is None and cost.policy.early_stop
 
     @staticmethod
     def _keep_drafting(r: Request, k: int, confidences: list[float]) -> bool:

@@ -125,17 +125,28 @@ class DeviceBuffer:
         bind(name, self.device, self.device_id, self.dtype, list(shape), self.ptr)
         self._bound[id(io), name] = (io, shape, self.ptr)  # io kept: its id is not reused while it is here
 
-    def read(self, shape: tuple[int, ...]) -> np.ndarray:
-        """The first prod(shape) elements as a host array (a view on the CPU provider, a copy elsewhere),
+    def read(self, shape: tuple[int, ...], start: int = 0) -> np.ndarray:
+        """prod(shape) elements from `start` as a host array (a view on the CPU provider, a copy elsewhere),
         counted as device -> host."""
         size = math.prod(shape)
         if self._host is not None:
-            out = self._host[:size].reshape(shape)
+            out = self._host[start : start + size].reshape(shape)
             self.transfers.received(out)
             return out
         whole = self._value.numpy()  # the Python API copies a device OrtValue whole: count what crossed
         self.transfers.received(whole)
-        return whole[:size].reshape(shape)
+        return whole[start : start + size].reshape(shape)
+
+    def write(self, start: int, values) -> None:
+        """Elements [start, start + len(values)) from the host, counted as host -> device."""
+        values = np.asarray(values, self.dtype)
+        self.transfers.sent(values)
+        if self._host is not None:
+            self._host[start : start + values.size] = values
+            return
+        whole = self._value.numpy()  # the Python API writes a device OrtValue whole (small buffers only)
+        whole[start : start + values.size] = values
+        self._value.update_inplace(whole)
 
 
 @dataclass

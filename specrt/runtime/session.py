@@ -19,6 +19,7 @@ import numpy as np
 from ..bundle.loading import Bundle
 from ..errors import BundleError, OptionsError
 from .buffers import DeviceBuffer, HostArrays, Logits, Transfers
+from .chain import Chain
 from .kvcache import KV_TYPES, KVCache
 
 DEVICES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -116,6 +117,7 @@ class ModelSession:
         # One IO binding per slot range, its KV rows bound once: rebinding 4 x layers buffers whenever a run's
         # range changed (draft steps, as rows stop drafting) cost ~1 ms of host time per run on 28 layers.
         self._ios: dict[tuple[int, int], object] = {}
+        self._chains: dict[tuple[int, int], Chain] = {}
         self._io = self._bind_rows(0, 1)
         # The logits of every run, on the session's device; read back only by the numpy path.
         self.logits = DeviceBuffer(options.device, options.device_id, self.transfers)
@@ -123,6 +125,7 @@ class ModelSession:
         # Where the graph's top outputs go when a run does not ask for them.
         self._top_scratch = DeviceBuffer(options.device, options.device_id, self.transfers, np.int64)
         self.seconds = 0.0  # inside ONNX Runtime (model runs), since load
+        self.chained_steps = 0  # draft steps run as a chain (runtime/chain.py), since load
 
     def _bind_rows(self, lo: int, hi: int):
         """The IO binding with slots [lo, hi) of every layer's buffers bound as both the past input and the
@@ -132,9 +135,13 @@ class ModelSession:
         shared buffer; TensorScatter, the past input's only consumer, writes into it). Rows are the leading
         dimension, so a slot range is one pointer and a shape: no view objects, on any device."""
         io = self._ios.get((lo, hi))
-        if io is not None:
-            return io
-        io = self._ios[lo, hi] = self.session.io_binding()
+        if io is None:
+            io = self._ios[lo, hi] = self._new_binding(lo, hi)
+        return io
+
+    def _new_binding(self, lo: int, hi: int):
+        """A fresh IO binding with slots [lo, hi) of every layer's KV buffers bound (see `_bind_rows`)."""
+        io = self.session.io_binding()
         g, kv = self.graph, self.kv
         device, device_id = self.options.device, self.options.device_id
         shape = [hi - lo, *kv.shape[1:]]
@@ -148,6 +155,17 @@ class ModelSession:
             ):
                 bind(name, device, device_id, kv.bind_type, shape, buf.data_ptr() + lo * kv.row_nbytes)
         return io
+
+    def chain(self, lo: int, hi: int) -> Chain | None:
+        """Chained greedy draft steps over slots [lo, hi) (runtime/chain.py), made once per range; None when
+        this bundle's graph cannot chain (no greedy pick among its outputs, or the mask built on the host)."""
+        g = self.graph
+        if not g.top_mode or g.flavour != "standard" or g.masks != "graph":
+            return None
+        chain = self._chains.get((lo, hi))
+        if chain is None:
+            chain = self._chains[lo, hi] = Chain(self, lo, hi)
+        return chain
 
     @property
     def max_len(self) -> int:

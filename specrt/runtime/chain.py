@@ -1,0 +1,167 @@
+"""Chained draft steps: a round's greedy draft steps over a range of rows, each step's input the pick of the
+step before, bound in place on the session's device and run back to back.
+
+A round's first draft step feeds each row the 1-2 tokens its draft slot lacks (ragged); every later step
+feeds it the token the step before picked. When the rows drafting fill a slot range [lo, hi) and every one
+is greedy, the model graph's `top_token` output of step j IS the `input_ids` of step j + 1: both are bound
+to row j of one [steps + 1, rows] token buffer on the device, in one IO binding per step position, made once
+(with the slot range's KV buffers, as `ModelSession` binds them) and kept. Each binding has its own write
+positions, set for the whole chain when it starts, so between two runs the host does nothing: a chain of
+n steps is n `run_with_iobinding` calls in a row, then one read of the n steps' tokens and probabilities
+(12 B per row and step: the proposal needs them, and the early stop reads them step by step). The first
+step's ids (the 1-2 per row) are the only ids sent.
+
+Why: each model run streams the weights through the caches, and whatever the host does next runs cold
+(docs/only-ids-cross.md measured 10-40 us for a single small numpy call right after a 0.5B draft's run);
+what is not done between runs costs nothing. On the CPU provider "on the device" is host memory, an output
+and the next run's input sharing a pointer; on a GPU the same bindings keep the ids there. This module runs
+a draft model's steps; what a token means for a request is the engine's business.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .buffers import DeviceBuffer
+
+_TOP_BOTH = 2  # the graph's top_mode: the greedy token and its probability
+FEED = 2  # the most ids a row feeds in a chain's first step (the engine catches a draft slot up to this)
+
+
+class Chain:
+    """Chained draft steps over slots [lo, hi) of one `ModelSession` (made by `ModelSession.chain`)."""
+
+    def __init__(self, session, lo: int, hi: int):
+        self.session, self.lo, self.hi = session, lo, hi
+        rows = hi - lo
+        opts = session.options
+        self.tokens = DeviceBuffer(opts.device, opts.device_id, session.transfers, np.int64)
+        self.confidences = DeviceBuffer(opts.device, opts.device_id, session.transfers, np.float32)
+        self.ones = np.ones(rows, np.int64)  # one new token per row, every step after the first
+        self.arange = np.arange(rows, dtype=np.int64)  # the logits rows of a 1-token step
+        self.top_mode = np.array([_TOP_BOTH], np.int64)
+        # The first step per width w (1 or 2 ids per row): its IO binding, the buffer addresses it was bound
+        # at, and its host inputs [ids [rows, w], write positions, new-token counts, logits rows].
+        self._first: dict[int, tuple[object, tuple[int, int] | None, list[np.ndarray]]] = {}
+        # Step positions j >= 1: IO binding, buffer addresses, own write positions (set at `start`).
+        self._ios: list[tuple[object, tuple[int, int] | None, np.ndarray]] = []
+        self._width = 1  # this chain's first-step width
+        self._past = np.zeros(rows, np.int64)  # the slots' lengths after the first step
+        self._step = 0  # steps run since `start`
+        self._ready = 0  # step positions bound and given their write positions since `start`
+        self._fed: list[list[int]] = []  # what the next step feeds each row
+
+    def start(self, feeds: list[list[int]], steps: int = 1) -> None:
+        """Begin a chain whose first step feeds row i `feeds[i]` (1-2 ids, slot order) after what its slot
+        holds; `steps`: how many steps are expected (bound now; more are added when asked for)."""
+        rows = self.hi - self.lo
+        if len(feeds) != rows or not all(1 <= len(f) <= FEED for f in feeds):
+            raise ValueError(f"a chain over slots [{self.lo}, {self.hi}) needs 1-{FEED} ids for each of {rows} rows")
+        kv = self.session.kv.rows
+        past = [kv[s].length for s in range(self.lo, self.hi)]
+        counts = [len(f) for f in feeds]
+        self._width = width = max(counts)
+        self._past[:] = past
+        self._past += counts
+        self._step = self._ready = 0
+        self._fed = [list(f) for f in feeds]
+        self._prepare(max(min(steps, self.room()) - 1, 0))
+        ids, write_index, new_tokens, logits_rows = self._first[width][2]
+        ids[:] = [[*f, *[0] * (width - len(f))] for f in feeds]  # padding: token 0, its outputs never read
+        write_index[:] = past
+        new_tokens[:] = counts
+        np.add(self.arange * width, new_tokens, out=logits_rows)
+        logits_rows -= 1
+        self.session.transfers.sent(ids, write_index, new_tokens, logits_rows)
+
+    def room(self) -> int:
+        """Steps the slots have room for, from where the chain stands (a step writes <= FEED positions a row)."""
+        kv = self.session.kv
+        return kv.max_len - max(kv.rows[s].length for s in range(self.lo, self.hi)) - (FEED - 1)
+
+    def run(self, n: int) -> tuple[list[list[int]], list[list[float]]]:
+        """The next n steps of every row, back to back (each feeding the picks of the one before); then the
+        picks of each step and their probabilities: ([step][row] tokens, [step][row] probabilities)."""
+        s, rows, j = self.session, self.hi - self.lo, self._step
+        if n < 1 or n > self.room():
+            raise ValueError(f"{n} steps do not fit slots [{self.lo}, {self.hi}) ({self.room()} positions left)")
+        self._prepare(j + n - 1)
+        ios = [io for io, _, _ in self._ios[max(j - 1, 0) : j + n - 1]]  # step positions j.. (1.. after the first)
+        if j == 0:
+            ios.insert(0, self._first[self._width][0])
+        run = s.session.run_with_iobinding
+        t0 = time.perf_counter()
+        for io in ios:  # nothing else between two runs: the caches a run flushed are not touched
+            run(io)
+        s.seconds += time.perf_counter() - t0
+        s.chained_steps += n
+        s.transfers.to_device += 8 * rows * (n - (j == 0))  # each later step's write positions
+        tokens = self.tokens.read((n, rows), j * rows).tolist()
+        confidences = self.confidences.read((n, rows), j * rows).tolist()
+        fed = self._fed
+        for step in tokens[:-1]:
+            for row, token in zip(fed, step, strict=True):
+                row.append(token)
+        kv = s.kv.rows
+        for slot, row in zip(range(self.lo, self.hi), fed, strict=True):
+            kv[slot].advance(row)
+        self._step, self._fed = j + n, [[t] for t in tokens[-1]]
+        return tokens, confidences
+
+    def _prepare(self, steps: int) -> None:
+        """Token and confidence rows 0..steps exist, the first step (this chain's width) writes row 0, and step
+        positions 1..steps read row j - 1 and write row j, with their write positions set for this chain
+        (those made ready since `start` are left alone)."""
+        rows, first = self.hi - self.lo, self._ready + 1
+        if (steps + 1) * rows > self.tokens.capacity:  # grown geometrically; what was written is kept
+            kept = self.tokens.read((self._step * rows,)).copy() if self.tokens.capacity else None
+            self.tokens.allocate(2 * (steps + 1) * rows)
+            self.confidences.allocate(2 * (steps + 1) * rows)
+            if kept is not None and kept.size:
+                self.tokens.write(0, kept)
+            first = 1  # every binding points at the old buffers
+        s = self.session
+        at = (self.tokens.ptr, self.confidences.ptr)
+        width = self._width
+        if width not in self._first:
+            arrays = [np.zeros((rows, width), np.int64), *(np.zeros(rows, np.int64) for _ in range(3))]
+            self._first[width] = (s._new_binding(self.lo, self.hi), None, arrays)
+        io, bound_at, arrays = self._first[width]
+        if bound_at != at:
+            self._bind(io, 0, arrays)
+            self._first[width] = (io, at, arrays)
+        s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))  # rebinds only if the buffer moved
+        while len(self._ios) < steps:
+            self._ios.append((s._new_binding(self.lo, self.hi), None, np.zeros(rows, np.int64)))
+        for j in range(first, steps + 1):
+            io, bound_at, write_index = self._ios[j - 1]
+            if bound_at != at:
+                self._bind(io, j, [None, write_index, self.ones, self.arange])
+                self._ios[j - 1] = (io, at, write_index)
+            np.add(self._past, j - 1, out=write_index)
+            s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))
+        self._ready = max(self._ready, steps)
+
+    def _bind(self, io, j: int, inputs: list) -> None:
+        """Step position j's outputs to token / confidence row j; its ids from row j - 1 (j >= 1) or the first
+        step's host array; its write positions, counts and logits rows from `inputs`."""
+        s, rows = self.session, self.hi - self.lo
+        g, opts = s.graph, s.options
+        dev, dev_id = opts.device, opts.device_id
+        tokens, confidences = self.tokens.ptr, self.confidences.ptr
+        ids, write_index, new_tokens, logits_rows = inputs
+        if j:
+            io.bind_input(g.input_ids, dev, dev_id, np.int64, [rows, 1], tokens + 8 * rows * (j - 1))
+        else:
+            io.bind_cpu_input(g.input_ids, ids)
+        io.bind_output(g.top_token, dev, dev_id, np.int64, [rows], tokens + 8 * rows * j)
+        io.bind_output(g.top_confidence, dev, dev_id, np.float32, [rows], confidences + 4 * rows * j)
+        for name, array in (
+            (g.write_index, write_index),
+            (g.new_tokens, new_tokens),
+            (g.logits_rows, logits_rows),
+            (g.top_mode, self.top_mode),
+        ):
+            io.bind_cpu_input(name, array)
