@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..runtime.session import ModelSession
 from .request import Request
 
@@ -121,7 +119,7 @@ class Runner:
                     del active[r.id]
             step += len(tokens)
         for rid, p in out.items():
-            p.step_ms = float(np.mean(steps[rid])) if steps[rid] else None
+            p.step_ms = sum(steps[rid]) / len(steps[rid]) if steps[rid] else None  # plain Python: 8 rows x numpy cost
         return out
 
     def _chain(self, requests: list[Request], feeds: list[list[int]], steps: int):

@@ -43,15 +43,20 @@ class Chain:
         self.arange = np.arange(rows, dtype=np.int64)  # the logits rows of a 1-token step
         self.top_mode = np.array([_TOP_BOTH], np.int64)
         # The first step per width w (1 or 2 ids per row): its IO binding, the buffer addresses it was bound
-        # at, and its host inputs [ids [rows, w], write positions, new-token counts, logits rows].
-        self._first: dict[int, tuple[object, tuple[int, int] | None, list[np.ndarray]]] = {}
-        # Step positions j >= 1: IO binding, buffer addresses, own write positions (set at `start`).
-        self._ios: list[tuple[object, tuple[int, int] | None, np.ndarray]] = []
+        # at, and one host block holding its inputs [ids [rows, w] | write positions | counts | logits rows],
+        # written with one numpy call per chain (each call right after a model run costs 10-40 us).
+        self._first: dict[int, tuple[object, tuple | None, np.ndarray]] = {}
+        # Step positions j >= 1: IO binding and the addresses it was bound at; position j's write positions
+        # are row j - 1 of `_writes` (set for the whole chain in one call).
+        self._ios: list[tuple[object, tuple | None]] = []
+        self._writes = np.zeros((0, rows), np.int64)
         self._width = 1  # this chain's first-step width
-        self._past = np.zeros(rows, np.int64)  # the slots' lengths after the first step
+        self._past: list[int] = []  # the slots' lengths after the first step
         self._step = 0  # steps run since `start`
         self._ready = 0  # step positions bound and given their write positions since `start`
         self._fed: list[list[int]] = []  # what the next step feeds each row
+        self._logits_at: tuple[int, int] | None = None  # the logits buffer the bindings below write into
+        self._logits_ready = 0  # step positions whose logits output is bound there
 
     def start(self, feeds: list[list[int]], steps: int = 1) -> None:
         """Begin a chain whose first step feeds row i `feeds[i]` (1-2 ids, slot order) after what its slot
@@ -63,18 +68,20 @@ class Chain:
         past = [kv[s].length for s in range(self.lo, self.hi)]
         counts = [len(f) for f in feeds]
         self._width = width = max(counts)
-        self._past[:] = past
-        self._past += counts
+        self._past = [p + c for p, c in zip(past, counts, strict=True)]
         self._step = self._ready = 0
         self._fed = [list(f) for f in feeds]
         self._prepare(max(min(steps, self.room()) - 1, 0))
-        ids, write_index, new_tokens, logits_rows = self._first[width][2]
-        ids[:] = [[*f, *[0] * (width - len(f))] for f in feeds]  # padding: token 0, its outputs never read
-        write_index[:] = past
-        new_tokens[:] = counts
-        np.add(self.arange * width, new_tokens, out=logits_rows)
-        logits_rows -= 1
-        self.session.transfers.sent(ids, write_index, new_tokens, logits_rows)
+        values = []  # ids padded with token 0 (its outputs are never read), then the three per-row inputs
+        for f in feeds:
+            values += f
+            values += [0] * (width - len(f))
+        values += past
+        values += counts
+        values += [r * width + c - 1 for r, c in enumerate(counts)]  # each row's last fed position
+        block = self._first[width][2]
+        block[:] = values
+        self.session.transfers.to_device += block.nbytes
 
     def room(self) -> int:
         """Steps the slots have room for, from where the chain stands (a step writes <= FEED positions a row)."""
@@ -88,7 +95,7 @@ class Chain:
         if n < 1 or n > self.room():
             raise ValueError(f"{n} steps do not fit slots [{self.lo}, {self.hi}) ({self.room()} positions left)")
         self._prepare(j + n - 1)
-        ios = [io for io, _, _ in self._ios[max(j - 1, 0) : j + n - 1]]  # step positions j.. (1.. after the first)
+        ios = [io for io, _ in self._ios[max(j - 1, 0) : j + n - 1]]  # step positions j.. (1.. after the first)
         if j == 0:
             ios.insert(0, self._first[self._width][0])
         run = s.session.run_with_iobinding
@@ -122,26 +129,36 @@ class Chain:
             if kept is not None and kept.size:
                 self.tokens.write(0, kept)
             first = 1  # every binding points at the old buffers
+        if steps > len(self._writes):
+            self._writes = np.zeros((max(steps, 2 * len(self._writes)), rows), np.int64)
+            first = 1
         s = self.session
-        at = (self.tokens.ptr, self.confidences.ptr)
+        at = (self.tokens.ptr, self.confidences.ptr, self._writes.ctypes.data)
         width = self._width
         if width not in self._first:
-            arrays = [np.zeros((rows, width), np.int64), *(np.zeros(rows, np.int64) for _ in range(3))]
-            self._first[width] = (s._new_binding(self.lo, self.hi), None, arrays)
-        io, bound_at, arrays = self._first[width]
+            self._first[width] = (s._new_binding(self.lo, self.hi), None, np.zeros(rows * (width + 3), np.int64))
+        io, bound_at, block = self._first[width]
         if bound_at != at:
-            self._bind(io, 0, arrays)
-            self._first[width] = (io, at, arrays)
-        s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))  # rebinds only if the buffer moved
+            w = rows * width
+            inputs = [block[:w].reshape(rows, width), block[w : w + rows], block[w + rows : w + 2 * rows]]
+            self._bind(io, 0, [*inputs, block[w + 2 * rows :]])
+            self._first[width] = (io, at, block)
+        # The logits (never read here) go to the session's buffer; a general run may have moved it since.
+        s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))  # rebinds only if it moved
+        logits_moved = self._logits_at != (s.logits.ptr, s.logits.capacity)  # the positions' check, once
         while len(self._ios) < steps:
-            self._ios.append((s._new_binding(self.lo, self.hi), None, np.zeros(rows, np.int64)))
+            self._ios.append((s._new_binding(self.lo, self.hi), None))
         for j in range(first, steps + 1):
-            io, bound_at, write_index = self._ios[j - 1]
+            io, bound_at = self._ios[j - 1]
             if bound_at != at:
-                self._bind(io, j, [None, write_index, self.ones, self.arange])
-                self._ios[j - 1] = (io, at, write_index)
-            np.add(self._past, j - 1, out=write_index)
-            s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))
+                self._bind(io, j, [None, self._writes[j - 1], self.ones, self.arange])
+                self._ios[j - 1] = (io, at)
+            if logits_moved or j > self._logits_ready:
+                s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))
+        self._logits_at = (s.logits.ptr, s.logits.capacity)
+        self._logits_ready = steps if logits_moved else max(self._logits_ready, steps)
+        if first <= steps:
+            self._writes[first - 1 : steps] = [[p + j - 1 for p in self._past] for j in range(first, steps + 1)]
         self._ready = max(self._ready, steps)
 
     def _bind(self, io, j: int, inputs: list) -> None:
