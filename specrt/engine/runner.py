@@ -129,9 +129,7 @@ class Runner:
         if hi - lo != len(requests):
             return None
         chain = self.draft.chain(lo, hi)
-        if chain is None:
-            return None
-        if chain.room() < 1:
+        if chain is None or chain.room() < 1:
             return None
         chain.start(feeds, steps)
         return chain

@@ -55,8 +55,6 @@ class Chain:
         self._step = 0  # steps run since `start`
         self._ready = 0  # step positions bound and given their write positions since `start`
         self._fed: list[list[int]] = []  # what the next step feeds each row
-        self._logits_at: tuple[int, int] | None = None  # the logits buffer the bindings below write into
-        self._logits_ready = 0  # step positions whose logits output is bound there
 
     def start(self, feeds: list[list[int]], steps: int = 1) -> None:
         """Begin a chain whose first step feeds row i `feeds[i]` (1-2 ids, slot order) after what its slot
@@ -94,7 +92,8 @@ class Chain:
         s, rows, j = self.session, self.hi - self.lo, self._step
         if n < 1 or n > self.room():
             raise ValueError(f"{n} steps do not fit slots [{self.lo}, {self.hi}) ({self.room()} positions left)")
-        self._prepare(j + n - 1)
+        if j + n - 1 > self._ready:  # positions past those made ready at `start` (no work per step otherwise)
+            self._prepare(j + n - 1)
         ios = [io for io, _ in self._ios[max(j - 1, 0) : j + n - 1]]  # step positions j.. (1.. after the first)
         if j == 0:
             ios.insert(0, self._first[self._width][0])
@@ -145,7 +144,6 @@ class Chain:
             self._first[width] = (io, at, block)
         # The logits (never read here) go to the session's buffer; a general run may have moved it since.
         s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))  # rebinds only if it moved
-        logits_moved = self._logits_at != (s.logits.ptr, s.logits.capacity)  # the positions' check, once
         while len(self._ios) < steps:
             self._ios.append((s._new_binding(self.lo, self.hi), None))
         for j in range(first, steps + 1):
@@ -153,10 +151,7 @@ class Chain:
             if bound_at != at:
                 self._bind(io, j, [None, self._writes[j - 1], self.ones, self.arange])
                 self._ios[j - 1] = (io, at)
-            if logits_moved or j > self._logits_ready:
-                s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))
-        self._logits_at = (s.logits.ptr, s.logits.capacity)
-        self._logits_ready = steps if logits_moved else max(self._logits_ready, steps)
+            s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))
         if first <= steps:
             self._writes[first - 1 : steps] = [[p + j - 1 for p in self._past] for j in range(first, steps + 1)]
         self._ready = max(self._ready, steps)
