@@ -91,6 +91,32 @@ def test_cache_reuse_and_cancellation(engine):
     assert other.token_ids == fresh.token_ids
 
 
+EXIT_MIDWAY = """
+import sys, specrt
+engine = specrt.load(sys.argv[1], sys.argv[2])
+options = specrt.GenerationOptions(max_new_tokens=100_000, num_draft_tokens=3, ignore_eos=True)
+gens = [engine.generate([3, 5, 7], options) for _ in range(2)]
+next(iter(gens[0]))
+print("leaving with generations running", flush=True)
+"""
+
+
+def test_exit_while_generating_is_clean(zoo):
+    """A program that ends while its generations still run exits normally: the scheduler thread stops after
+    its round instead of running ONNX Runtime while the interpreter tears down (which aborts the process)."""
+    import subprocess
+    import sys
+
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_MIDWAY, str(zoo.target()), str(zoo.noisy_draft())],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0 and "leaving" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
 def test_chat_template(engine):
     ids = engine.encode("hello", chat=True)
     text = engine.tokenizer.decode(ids, skip_special_tokens=False)

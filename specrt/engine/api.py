@@ -8,14 +8,18 @@
 
 `generate` may be called from any number of threads at once: every call returns its own streaming
 Generation, and one scheduler thread runs the active ones as a batch of up to `max_batch` rows (more wait
-in arrival order). The thread runs while there is work and stops when there is none.
+in arrival order). The thread runs while there is work and stops when there is none, and at interpreter exit
+after the run in flight (an ONNX Runtime run still going while the interpreter frees its objects aborts the
+process).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -48,6 +52,16 @@ from .runner import Runner
 from .scheduler import Scheduler
 
 PathLike = str | os.PathLike
+_ENGINES: weakref.WeakSet = weakref.WeakSet()  # every engine alive, for the stop at interpreter exit
+
+
+@atexit.register
+def _stop_engines() -> None:
+    """Interpreter exit runs this after the program's own threads have ended and before modules are torn down:
+    each engine's scheduler thread (a daemon, so that an abandoned generation never keeps a process alive)
+    stops after its round or measurement in flight, and exit waits for it. Open generations end there."""
+    for engine in list(_ENGINES):
+        engine._stop()
 
 
 class Engine:
@@ -96,6 +110,8 @@ class Engine:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stopping = False  # set at interpreter exit: no more rounds
+        _ENGINES.add(self)
 
     def _decider(self, sampler: str, bundle, options: SessionOptions, draft_options: SessionOptions | None):
         """The sampler graphs on the target's device (q stays there, so the draft must run on the same one),
@@ -114,11 +130,21 @@ class Engine:
 
     def _submit(self, request: Request) -> None:
         with self._lock:
+            if self._stopping:
+                request.fail(EngineBusyError("the engine has stopped: the interpreter is exiting"))
+                return
             self._inbox.put(request)
             self._wake.set()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="specrt-scheduler", daemon=True)
                 self._thread.start()
+
+    def _stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
     def _loop(self) -> None:
         """Rounds while there is work; then the idle moment's upkeep, if any; the thread ends when there is
@@ -126,6 +152,9 @@ class Engine:
         scheduler = self.scheduler
         while True:
             with self._lock:
+                if self._stopping:
+                    self._thread = None
+                    return
                 self._wake.clear()
                 while not self._inbox.empty():
                     scheduler.submit(self._inbox.get())
@@ -195,6 +224,8 @@ class Engine:
         steps, sessions = self.tuning.steps, {TARGET: self.target, DRAFT: self.draft}
         profiles = dict(steps.profiles)
         for model in models:
+            if self._stopping:
+                break
             self._remeasured[model] += 1
             session, old = sessions[model], steps.profiles[model]
             slot = min(range(self.max_batch), key=lambda i: session.kv.rows[i].length)
