@@ -14,7 +14,7 @@
 Paths: "host" (numpy: logits read back), "graph" (greedy rounds read ids computed in the model runs, other
 rounds run the sampler graphs), "sampler" (the graph path with every decision in the sampler graphs, as for
 bundles exported before the model graph computed its greedy pick), "unchained" (the graph path with every
-draft step's inputs built and bound from the host, as before greedy draft steps chained on the device).
+draft step's inputs built and bound from the host, as before draft steps chained on the device).
 For each configuration (batch 1 / 4 / 8, k = 0 / 4, greedy / sampled at T = 0.8, top-k 50) and each path,
 interleaved (ABBA over `--repeats`), B requests of `--tokens` new tokens run together with a fixed k. Host
 time per round = (wall time - time inside ONNX Runtime, models and sampler graphs) / rounds; bytes per round

@@ -203,6 +203,34 @@ def test_a_seeded_request_is_the_same_alone_in_a_batch_and_on_either_path(pair):
     assert alone["graph"] == alone["host"] == batched
 
 
+def test_sampled_draft_steps_chain_on_the_device(pair, monkeypatch):
+    """Rows that sample (temperature, top-k; a greedy one among them) at a fixed k chain their draft steps:
+    each model step is followed by its pick graph's run, which writes the token the next model step reads.
+    The tokens are the numpy path's, alone and in a full batch; a row with top-p does not chain (a short
+    candidate set needs the host between two steps)."""
+    from specrt.runtime.chain import Chain
+
+    graph, host = pair["graph"], pair["host"]
+    started = []
+    start = Chain.start
+    monkeypatch.setattr(Chain, "start", lambda c, *a: started.append((c.hi - c.lo, a[2] is not None)) or start(c, *a))
+    prompts = ["def f(x):", "import os\n", "class A:", "for i in range(3):"]
+    options = [
+        GenerationOptions(max_new_tokens=30, num_draft_tokens=3, ignore_eos=True, seed=i, **SETTINGS[j])
+        for i, j in enumerate([1, 3, 0, 2])
+    ]
+    alone = [graph.complete(p, o).token_ids for p, o in zip(prompts, options, strict=True)]
+    assert (1, True) in started, started  # sampled steps chained at batch 1
+    assert alone == [host.complete(p, o).token_ids for p, o in zip(prompts, options, strict=True)]
+    started.clear()
+    assert [g.token_ids for g in _together(graph, prompts, options)] == alone
+    assert (4, True) in started, started  # ... and over the full batch
+    started.clear()
+    top_p = GenerationOptions(max_new_tokens=20, num_draft_tokens=3, ignore_eos=True, seed=1, **SETTINGS[4])
+    assert graph.complete(prompts[0], top_p).token_ids == host.complete(prompts[0], top_p).token_ids
+    assert (1, True) not in started, started
+
+
 def test_device_buffers_start_zeroed(monkeypatch):
     """On a device other than the CPU, the KV buffers and the logits / q buffers are copied from zeros, never
     allocated uninitialised (the CPU provider stands in for the device here)."""
@@ -272,6 +300,7 @@ def _sampler_runs(engine, monkeypatch) -> list[str]:
 def test_greedy_rounds_read_their_ids_from_the_model_runs(pair, monkeypatch):
     """Greedy rows, drafting at batch 1 and 3: no sampler graph runs (the draft steps and the verify pass give
     the ids), the same tokens as the numpy path; a sampled request runs them."""
+    pair["graph"].decider.sampler._picks.clear()
     runs = _sampler_runs(pair["graph"], monkeypatch)
     prompts = ["def f(x):", "import os\n", "class A:"]
     greedy = GenerationOptions(max_new_tokens=24, num_draft_tokens=3, ignore_eos=True)
@@ -282,8 +311,11 @@ def test_greedy_rounds_read_their_ids_from_the_model_runs(pair, monkeypatch):
     assert runs == [], runs[:5]
     on_host = [pair["host"].complete(p, greedy).token_ids for p in prompts]
     assert [g.token_ids for g in together] == on_host and alone.token_ids == on_host[0]
+    chained = pair["graph"].draft.chained_steps
     pair["graph"].complete(prompts[0], GenerationOptions(max_new_tokens=8, num_draft_tokens=3, temperature=0.8))
-    assert "pick_sampled" in runs and "verify_sampled" in runs
+    assert "verify_sampled" in runs  # ... and its draft steps chained, each followed by the pick graph
+    assert pair["graph"].draft.chained_steps > chained
+    assert ("pick_sampled", 0, 1) in pair["graph"].decider.sampler._picks
 
 
 def _as_if_exported_before(bundle, out) -> None:

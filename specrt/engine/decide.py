@@ -58,6 +58,9 @@ class HostDecider:
     def begin_round(self, max_k: int, vocab: int) -> None:
         self._q.clear()
 
+    def chain_picks(self, rows: list[Request], lo: int, hi: int) -> None:
+        return None  # it picks from logits read back, one step at a time
+
     def pick(self, logits: Logits, rows: list[Request], step: int) -> tuple[list[int], list[float]]:
         tokens, confidences = [], []
         for r, row_logits in zip(rows, logits.rows(), strict=True):
@@ -91,6 +94,18 @@ class GraphDecider:
         when every row is greedy, the greedy tokens, and for a draft step their probabilities (the early
         stop's signal); else nothing (the sampler graphs decide)."""
         return (2 if draft else 1) if all(r.options.greedy for r in rows) else 0
+
+    def chain_picks(self, rows: list[Request], lo: int, hi: int):
+        """The sampler's picks for a chain of draft steps over slots [lo, hi) holding `rows` (some sampled), or
+        None where the graphs cannot chain them (top-p; all greedy: those chain on the model's own picks)."""
+        s = settings(rows)
+        return None if s is None else self.sampler.chain_picks(lo, hi, s)
+
+    def uniforms(self, rows: list[Request], steps: int) -> np.ndarray:
+        """The draft uniforms of the next `steps` steps [steps, rows], each row's drawn from its own generator
+        in step order, as `pick` draws them one step at a time."""
+        u = [[draft_uniform(r.options, r.rng) or 0.0 for _ in range(steps)] for r in rows]
+        return np.array(u, np.float32).T.copy()
 
     def pick(self, logits: Logits, rows: list[Request], step: int) -> tuple[list[int], list[float]]:
         if logits.confidences is not None:  # greedy rows: the model's run picked (one position per row)

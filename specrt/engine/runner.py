@@ -92,12 +92,13 @@ class Runner:
             top = self.decider.top(requests, True)
             if chain is not None and (len(order) != chain.hi - chain.lo or chain.room() < 1):  # a row stopped
                 chain = None
-            if chain is None and top == 2:  # greedy picks feed the next steps on the device
-                chain = self._chain(requests, [feed[r.id] for r in requests], max(left))
+            if chain is None and top in (0, 2):  # the picks feed the next steps on the device
+                chain = self._chain(requests, [feed[r.id] for r in requests], max(left), top == 0, step)
             if chain is not None:
                 # Back to back while no row may stop early (each then drafts exactly its k), else one at a time.
                 n = 1 if any(stops for _, _, stops in order) else min(min(left), chain.room())
-                tokens, confidences = chain.run(n)
+                uniforms = self.decider.uniforms(requests, n) if chain.picks is not None else None
+                tokens, confidences = chain.run(n, uniforms)
             else:
                 logits = self.draft.run_logits(
                     [r.slot for r in requests], [feed[r.id] for r in requests], [1] * len(order), top
@@ -122,16 +123,21 @@ class Runner:
             p.step_ms = sum(steps[rid]) / len(steps[rid]) if steps[rid] else None  # plain Python: 8 rows x numpy cost
         return out
 
-    def _chain(self, requests: list[Request], feeds: list[list[int]], steps: int):
-        """A chain of greedy draft steps over the rows (in slot order), its first step fed `feeds`; None when
-        they do not fill a slot range, the bundle's graph cannot chain, or the slots are full."""
+    def _chain(self, requests: list[Request], feeds: list[list[int]], steps: int, sampled: bool, step: int):
+        """A chain of draft steps over the rows (in slot order), its first step fed `feeds`, each step's picks
+        the model's own (all greedy) or the sampler graph's; None when the rows do not fill a slot range, the
+        bundle's graph or the decider cannot chain, or the slots are full. A sampled chain starts with the
+        round (its picks store q at draft positions 0, 1, ..., where the verification reads them)."""
         lo, hi = requests[0].slot, requests[-1].slot + 1
-        if hi - lo != len(requests):
+        if hi - lo != len(requests) or (sampled and step > 0):
             return None
         chain = self.draft.chain(lo, hi)
         if chain is None or chain.room() < 1:
             return None
-        chain.start(feeds, steps)
+        picks = self.decider.chain_picks(requests, lo, hi) if sampled else None
+        if sampled and picks is None:
+            return None
+        chain.start(feeds, steps, picks)
         return chain
 
     def target_pass(self, rows: list[tuple[Request, Proposal]]) -> tuple[list[tuple[int, int]], float]:

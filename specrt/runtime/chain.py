@@ -1,5 +1,5 @@
-"""Chained draft steps: a round's greedy draft steps over a range of rows, each step's input the pick of the
-step before, bound in place on the session's device and run back to back.
+"""Chained draft steps: a round's draft steps over a range of rows, each step's input the pick of the step
+before, bound in place on the session's device and run back to back.
 
 A round's first draft step feeds each row the 1-2 tokens its draft slot lacks (ragged); every later step
 feeds it the token the step before picked. When the rows drafting fill a slot range [lo, hi) and every one
@@ -10,6 +10,12 @@ positions, set for the whole chain when it starts, so between two runs the host 
 n steps is n `run_with_iobinding` calls in a row, then one read of the n steps' tokens and probabilities
 (12 B per row and step: the proposal needs them, and the early stop reads them step by step). The first
 step's ids (the 1-2 per row) are the only ids sent.
+
+When some row samples, each model step is followed by the sampler's pick graph (runtime/sampler.py
+`ChainPicks`), bound the same way: it reads the step's logits where the model left them, keeps q on the
+device and writes the step's token row, which the next model step reads; the host sends each step's
+uniforms (4 B per row) with the run. Rows with top-p do not chain (a short candidate set is run again, which
+needs the host between two steps).
 
 Why: each model run streams the weights through the caches, and whatever the host does next runs cold
 (docs/only-ids-cross.md measured 10-40 us for a single small numpy call right after a 0.5B draft's run);
@@ -55,10 +61,13 @@ class Chain:
         self._step = 0  # steps run since `start`
         self._ready = 0  # step positions bound and given their write positions since `start`
         self._fed: list[list[int]] = []  # what the next step feeds each row
+        self.picks = None  # the sampler's ChainPicks of this chain, if it samples
 
-    def start(self, feeds: list[list[int]], steps: int = 1) -> None:
+    def start(self, feeds: list[list[int]], steps: int = 1, picks=None) -> None:
         """Begin a chain whose first step feeds row i `feeds[i]` (1-2 ids, slot order) after what its slot
-        holds; `steps`: how many steps are expected (bound now; more are added when asked for)."""
+        holds; `steps`: how many steps are expected (bound now; more are added when asked for). picks: the
+        sampler's `ChainPicks` when some row samples (each model step is then followed by its pick graph's
+        run, which writes the step's tokens); None: the model's own greedy picks."""
         rows = self.hi - self.lo
         if len(feeds) != rows or not all(1 <= len(f) <= FEED for f in feeds):
             raise ValueError(f"a chain over slots [{self.lo}, {self.hi}) needs 1-{FEED} ids for each of {rows} rows")
@@ -69,6 +78,8 @@ class Chain:
         self._past = [p + c for p, c in zip(past, counts, strict=True)]
         self._step = self._ready = 0
         self._fed = [list(f) for f in feeds]
+        self.picks = picks
+        self.top_mode[0] = 0 if picks is not None else _TOP_BOTH  # bound: read in place at each run
         self._prepare(max(min(steps, self.room()) - 1, 0))
         values = []  # ids padded with token 0 (its outputs are never read), then the three per-row inputs
         for f in feeds:
@@ -86,9 +97,10 @@ class Chain:
         kv = self.session.kv
         return kv.max_len - max(kv.rows[s].length for s in range(self.lo, self.hi)) - (FEED - 1)
 
-    def run(self, n: int) -> tuple[list[list[int]], list[list[float]]]:
+    def run(self, n: int, uniforms: np.ndarray | None = None) -> tuple[list[list[int]], list[list[float]]]:
         """The next n steps of every row, back to back (each feeding the picks of the one before); then the
-        picks of each step and their probabilities: ([step][row] tokens, [step][row] probabilities)."""
+        picks of each step and their probabilities: ([step][row] tokens, [step][row] probabilities).
+        uniforms [n, rows]: each step's uniforms for a sampled chain's picks."""
         s, rows, j = self.session, self.hi - self.lo, self._step
         if n < 1 or n > self.room():
             raise ValueError(f"{n} steps do not fit slots [{self.lo}, {self.hi}) ({self.room()} positions left)")
@@ -98,10 +110,13 @@ class Chain:
         if j == 0:
             ios.insert(0, self._first[self._width][0])
         run = s.session.run_with_iobinding
-        t0 = time.perf_counter()
-        for io in ios:  # nothing else between two runs: the caches a run flushed are not touched
-            run(io)
-        s.seconds += time.perf_counter() - t0
+        if self.picks is None:
+            t0 = time.perf_counter()
+            for io in ios:  # nothing else between two runs: the caches a run flushed are not touched
+                run(io)
+            s.seconds += time.perf_counter() - t0
+        else:
+            self._run_sampled(ios, j, uniforms)
         s.chained_steps += n
         s.transfers.to_device += 8 * rows * (n - (j == 0))  # each later step's write positions
         tokens = self.tokens.read((n, rows), j * rows).tolist()
@@ -154,7 +169,30 @@ class Chain:
             s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))
         if first <= steps:
             self._writes[first - 1 : steps] = [[p + j - 1 for p in self._past] for j in range(first, steps + 1)]
+        if self.picks is not None:  # after the logits' binding: it may have grown the buffer
+            self.picks.prepare(steps, s.logits, self.tokens.ptr, self.confidences.ptr)
         self._ready = max(self._ready, steps)
+
+    def _run_sampled(self, ios: list, j: int, uniforms: np.ndarray) -> None:
+        """Model step, then its pick graph, for each of the steps j.. (the pick writes the token the next model
+        step reads); the two sessions' times counted apart, as their separate runs are."""
+        picks, s = self.picks, self.session
+        n = len(ios)
+        if uniforms is None or uniforms.shape != (n, self.hi - self.lo):
+            raise ValueError(f"a sampled chain's {n} steps need uniforms [{n}, {self.hi - self.lo}]")
+        picks.uniforms[j : j + n] = uniforms
+        s.transfers.to_device += uniforms.size * 4
+        run, pick = s.session.run_with_iobinding, picks.session.run_with_iobinding
+        model = sampler = 0.0
+        for i, io in enumerate(ios):
+            t0 = time.perf_counter()
+            run(io)
+            t1 = time.perf_counter()
+            pick(picks.binding(j + i))
+            sampler += time.perf_counter() - t1
+            model += t1 - t0
+        s.seconds += model
+        picks.sampler.seconds += sampler
 
     def _bind(self, io, j: int, inputs: list) -> None:
         """Step position j's outputs to token / confidence row j; its ids from row j - 1 (j >= 1) or the first

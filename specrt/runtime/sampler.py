@@ -80,6 +80,7 @@ class GraphSampler:
         self.sessions: dict = {}
         self._io: dict = {}
         self._host: dict = {}  # (graph, pooled) -> its IO binding's host arrays
+        self._picks: dict = {}  # (graph, lo, hi) -> ChainPicks
         for name in GRAPHS:
             self.swap(name, str(bundle.path / FOLDER / f"{name}.onnx"))
         self.q_store = DeviceBuffer(options.device, options.device_id, transfers)
@@ -104,6 +105,7 @@ class GraphSampler:
             self.sessions[name] = tuple(self._session(model, threads) for threads in (1, self.options.intra_op_threads))
         self._io[name] = tuple(s.io_binding() for s in self.sessions[name])
         self._host = {key: v for key, v in self._host.items() if key[0] != name}
+        self._picks = {key: v for key, v in self._picks.items() if key[0] != name}
         return old
 
     def _session(self, model, threads: int):
@@ -162,6 +164,19 @@ class GraphSampler:
                 return got
             candidates *= 8
             self.reruns += 1
+
+    def chain_picks(self, lo: int, hi: int, settings: Settings) -> ChainPicks | None:
+        """The sampled picks of chained draft steps over slots [lo, hi) with these settings (runtime/chain.py);
+        None when a row uses top-p (a row whose candidates fall short must be run again: the host has to look
+        between two steps)."""
+        if (settings.top_p < 1).any():
+            return None
+        name = "pick_filtered" if settings.filtered else "pick_sampled"
+        picks = self._picks.get((name, lo, hi))
+        if picks is None:
+            picks = self._picks[name, lo, hi] = ChainPicks(self, name, lo, hi)
+        picks.start(settings)
+        return picks
 
     # ------------------------------------------------------------------ the two decisions
 
@@ -225,3 +240,72 @@ class GraphSampler:
             outputs["short"] = (np.bool_, (logits.positions,))
         got = self._widening("verify_filtered" if settings.filtered else "verify_sampled", logits, inputs, outputs)
         return got["accepted"], got["next"]
+
+
+class ChainPicks:
+    """The sampled picks of chained draft steps over slots [lo, hi): after the model's step j, the pick graph
+    reads its logits where the model left them, writes q at q_store[slot, j] and the token and its probability
+    to row j of the chain's buffers, from which the model's step j + 1 reads its input ids. One IO binding per
+    step position (made once, kept); the settings are written once per chain, step j's uniforms (row j of one
+    host array) once per `Chain.run`. Greedy rows among them take the argmax, as in `GraphSampler.pick`."""
+
+    def __init__(self, sampler: GraphSampler, name: str, lo: int, hi: int):
+        rows = hi - lo
+        self.sampler, self.name, self.lo, self.rows = sampler, name, lo, rows
+        self.filtered = name == "pick_filtered"
+        self.session = None  # chosen at the first `prepare`, when the vocabulary is known
+        self.settings = {
+            "temperature": np.ones(rows, np.float32),
+            "greedy": np.zeros(rows, np.bool_),
+            **({"top_k": np.zeros(rows, np.int64), "top_p": np.ones(rows, np.float32)} if self.filtered else {}),
+        }
+        self.constants = {"candidates": np.array([CANDIDATES], np.int64)} if self.filtered else {}
+        self.uniforms = np.zeros((0, rows), np.float32)  # row j: step j's
+        self.q_index = np.zeros((0, rows, 2), np.int64)  # row j: (slot, j) per row
+        self.short = DeviceBuffer(sampler.options.device, sampler.options.device_id, sampler.transfers, np.bool_)
+        self._ios: list[tuple[object, tuple | None]] = []  # per step position: binding, addresses bound at
+
+    def start(self, settings: Settings) -> None:
+        for key, array in self.settings.items():
+            np.copyto(array, getattr(settings, key))
+        self.sampler.transfers.sent(*self.settings.values())
+
+    def prepare(self, steps: int, logits: DeviceBuffer, tokens: int, confidences: int) -> None:
+        """Step positions 0..steps bound: logits from `logits` [rows, vocab], the token and probability of
+        position j to device addresses tokens + 8 rows j and confidences + 4 rows j."""
+        s, rows, vocab = self.sampler, self.rows, self.sampler.vocab
+        if self.session is None:
+            pooled = int(rows * vocab > POOLED_FROM)
+            self.session = s.sessions[self.name][pooled]
+            self.constants["block"] = block(vocab)
+        if steps + 1 > len(self.uniforms):  # grown geometrically: every binding moves
+            n = max(steps + 1, 2 * len(self.uniforms))
+            self.uniforms = np.zeros((n, rows), np.float32)
+            self.q_index = np.stack(
+                [np.stack([np.arange(self.lo, self.lo + rows), np.full(rows, j)], axis=1) for j in range(n)]
+            ).astype(np.int64)
+            self._ios = [(io, None) for io, _ in self._ios]
+        self.short.reserve(rows)
+        opts = s.options
+        at = (tokens, confidences, self.uniforms.ctypes.data, self.short.ptr)
+        while len(self._ios) <= steps:
+            self._ios.append((self.session.io_binding(), None))
+        for j in range(steps + 1):
+            io, bound_at = self._ios[j]
+            if bound_at != at:
+                for key, array in (*self.settings.items(), *self.constants.items()):
+                    io.bind_cpu_input(key, array)
+                io.bind_cpu_input("uniform", self.uniforms[j])
+                io.bind_cpu_input("q_index", self.q_index[j])
+                dev = (opts.device, opts.device_id)
+                io.bind_output("token", *dev, np.int64, [rows], tokens + 8 * rows * j)
+                io.bind_output("confidence", *dev, np.float32, [rows], confidences + 4 * rows * j)
+                if self.filtered:
+                    self.short.bind_output(io, "short", (rows,))
+                self._ios[j] = (io, at)
+            logits.bind_input(io, "logits", (rows, vocab))  # each rebinds only what moved
+            s.q_store.bind_input(io, "q_store", s._q_shape())
+            s.q_store.bind_output(io, "q_store_out", s._q_shape())
+
+    def binding(self, j: int):
+        return self._ios[j][0]
