@@ -91,6 +91,21 @@ def test_cache_reuse_and_cancellation(engine):
     assert other.token_ids == fresh.token_ids
 
 
+def test_profile_measurement_at_admission_is_not_decode_time(zoo):
+    """The first auto-k request may measure cost profiles before its prefill: that time is reported apart
+    (setup_s), not as decode time or time outside ONNX Runtime."""
+    import time
+
+    engine = specrt.load(zoo.target(), zoo.noisy_draft())
+    prepare = engine.scheduler.prepare
+    engine.scheduler.prepare = lambda r: (time.sleep(0.5), prepare(r))[1]  # as long as a real measurement
+    gen = engine.complete("def f(x):", GenerationOptions(max_new_tokens=20, ignore_eos=True))
+    s = gen.stats
+    assert s.setup_s >= 0.5 and s.total_s >= s.setup_s + s.prefill_s
+    assert s.decode_s <= s.total_s - 0.5 and s.overhead_ms_per_round < 500 / (s.rounds + 1)
+    assert "measuring cost profiles" in s.summary() and s.to_dict()["setup_s"] >= 0.5
+
+
 EXIT_MIDWAY = """
 import sys, specrt
 engine = specrt.load(sys.argv[1], sys.argv[2])

@@ -111,8 +111,10 @@ class Scheduler:
             r.slot, r.state = slot, "prefilling"
             r.started = time.perf_counter()
             self.slots[slot] = r
-            if self.prepare is not None:
+            if self.prepare is not None:  # may measure cost profiles: not decode time (Stats.setup_s)
+                t0 = time.perf_counter()
                 self._guarded([r], lambda r=r: self.prepare(r))
+                r.stats.setup_s = time.perf_counter() - t0
             self.stats.queue_wait_s.append(r.started - r.submitted)
             del self.stats.queue_wait_s[:-1000]
             self.stats.prompt_tokens += len(r.prompt)
