@@ -315,7 +315,7 @@ def test_greedy_rounds_read_their_ids_from_the_model_runs(pair, monkeypatch):
     pair["graph"].complete(prompts[0], GenerationOptions(max_new_tokens=8, num_draft_tokens=3, temperature=0.8))
     assert "verify_sampled" in runs  # ... and its draft steps chained, each followed by the pick graph
     assert pair["graph"].draft.chained_steps > chained
-    assert ("pick_sampled", 0, 1) in pair["graph"].decider.sampler._picks
+    assert any(name == "pick_sampled" and hi - lo == 1 for name, lo, hi in pair["graph"].decider.sampler._picks)
 
 
 def _as_if_exported_before(bundle, out) -> None:
