@@ -14,7 +14,8 @@ class Stats:
     drafted: int = 0
     accepted: int = 0
     prefill_s: float = 0.0
-    setup_s: float = 0.0  # cost profiles measured at admission (the first auto-k request on this machine)
+    setup_s: float = 0.0  # cost models set up at admission: profiles read, or measured (the first auto-k
+    # request on this machine: seconds; the summary names it from 0.1 s)
     draft_s: float = 0.0
     target_s: float = 0.0
     total_s: float = 0.0
@@ -74,7 +75,7 @@ class Stats:
         return (
             f"{self.new_tokens} tokens in {self.total_s:.2f} s ({self.tokens_per_s:.1f} tok/s after a "
             f"{self.prefill_s * 1000:.0f} ms prefill of {self.prompt_tokens}"
-            + (f", after {self.setup_s:.2f} s measuring cost profiles" if self.setup_s >= 0.005 else "")
+            + (f", after {self.setup_s:.2f} s measuring cost profiles" if self.setup_s >= 0.1 else "")
             + f"), finish: {self.finish_reason}\n"
             f"target passes {self.rounds}, drafted {self.drafted}, accepted {self.accepted} "
             f"({100 * self.acceptance_rate:.1f}%), {self.tokens_per_target_pass:.2f} tokens/pass, "
