@@ -106,6 +106,18 @@ def test_profile_measurement_at_admission_is_not_decode_time(zoo):
     assert "measuring cost profiles" in s.summary() and s.to_dict()["setup_s"] >= 0.5
 
 
+def test_the_sampler_graphs_runs_count_as_runtime(zoo):
+    """A sampled round's verification runs a sampler graph beside the target pass: inside ONNX Runtime, so
+    in runtime_s (not in the time outside ONNX Runtime); the numpy path's verification is outside it."""
+    target, draft = zoo.target(), zoo.noisy_draft()
+    options = GenerationOptions(max_new_tokens=30, num_draft_tokens=3, temperature=0.8, seed=1, ignore_eos=True)
+    beside = {}
+    for path in ("graph", "host"):
+        s = specrt.load(target, draft, sampler=path).complete("def f(x):", options).stats
+        beside[path] = s.runtime_s - s.prefill_s - s.draft_s - s.target_s  # the decisions' runs, per round
+    assert beside["graph"] > 2e-4 and abs(beside["host"]) < 1e-4, beside  # host: two clock reads apart (us)
+
+
 EXIT_MIDWAY = """
 import sys, specrt
 engine = specrt.load(sys.argv[1], sys.argv[2])

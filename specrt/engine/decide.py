@@ -48,6 +48,7 @@ def leading_matches(drafted: list[int], target: list[int]) -> int:
 
 class HostDecider:
     name = "host"
+    seconds = 0.0  # inside ONNX Runtime: none (numpy decides)
 
     def __init__(self) -> None:
         self._q: dict[int, list[np.ndarray | None]] = {}  # slot -> the round's q per draft position
@@ -85,6 +86,11 @@ class GraphDecider:
 
     def __init__(self, sampler: GraphSampler) -> None:
         self.sampler = sampler
+
+    @property
+    def seconds(self) -> float:
+        """Inside ONNX Runtime (the sampler graphs), since load."""
+        return self.sampler.seconds
 
     def begin_round(self, max_k: int, vocab: int) -> None:
         self.sampler.ensure_steps(max_k, vocab)

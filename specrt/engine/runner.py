@@ -43,6 +43,9 @@ class Runner:
         # Milliseconds the last `propose` spent catching draft slots up: a cost of switching drafting back
         # on after rounds without it, not of the round's k (the batch's cost model must not learn it as such).
         self.catch_up_ms = 0.0
+        # Milliseconds the last `target_pass`'s verification spent inside ONNX Runtime (the sampler graph:
+        # not the model's pass, which is what profiles time, but runtime all the same in a request's stats).
+        self.decide_ms = 0.0
 
     def prefill(self, request: Request, chunk: int) -> int | None:
         """Feed the next chunk of the prompt (all but its last token stays in the cache); the first token once
@@ -155,4 +158,7 @@ class Runner:
             self.decider.top(requests, draft=False),
         )
         ms = 1000 * (time.perf_counter() - t0)
-        return self.decider.verify(logits, requests, drafted, [p.lookup for _, p in rows]), ms
+        before = self.decider.seconds
+        decided = self.decider.verify(logits, requests, drafted, [p.lookup for _, p in rows])
+        self.decide_ms = 1000 * (self.decider.seconds - before)
+        return decided, ms

@@ -47,6 +47,7 @@ class Times:
     draft_ms: float
     target_ms: float
     alone: bool  # one row: the times are its own forwards
+    decide_ms: float = 0.0  # the verification's own graph run (inside ONNX Runtime, beside the target pass)
 
 
 class Scheduler:
@@ -177,7 +178,8 @@ class Scheduler:
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, (n, nxt) in zip(rows, plans, decided, strict=True):
             row_draft_ms = draft_ms if p.drafter == MODEL and p.k else 0.0
-            self._settle(r, p, n, nxt, Times(row_draft_ms, target_ms, alone=len(rows) == 1))
+            times = Times(row_draft_ms, target_ms, len(rows) == 1, self.runner.decide_ms)
+            self._settle(r, p, n, nxt, times)
 
     def _batch_choice(self, rows: list[Request], plans: list[Plan], context: int) -> BatchChoice | None:
         """The batch's ceiling on the rows' own choices (batches of two rows or more, with a batch cost)."""
@@ -231,7 +233,7 @@ class Scheduler:
         s.rounds_by_drafter[f"{plan.drafter if k else 'none'}/{k}"] += 1
         s.draft_s += times.draft_ms / 1000
         s.target_s += times.target_ms / 1000
-        s.runtime_s += (times.target_ms + times.draft_ms) / 1000
+        s.runtime_s += (times.target_ms + times.draft_ms + times.decide_ms) / 1000
         e.k_chosen[k] += 1
         if k:
             e.drafts += 1
