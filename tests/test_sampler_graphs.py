@@ -172,6 +172,28 @@ def _together(engine, prompts, options) -> list:
     return out
 
 
+def _in_slot_order(engine, prompts, options) -> list:
+    """As `_together`, but request i admitted to slot i (empty slots are taken lowest first): each request
+    is submitted once the one before holds its slot."""
+    import threading
+    import time
+
+    engine.reset()
+    out = [None] * len(prompts)
+    threads = []
+    for i, (prompt, o) in enumerate(zip(prompts, options, strict=True)):
+        g = out[i] = engine.generate(prompt, o)
+        threads.append(threading.Thread(target=g.consume))
+        threads[-1].start()
+        deadline = time.monotonic() + 30
+        while g._request.slot is None and time.monotonic() < deadline:  # kept after the slot is released
+            time.sleep(0.0005)
+        assert g._request.slot == i, f"request {i} was admitted to slot {g._request.slot}"
+    for t in threads:
+        t.join()
+    return out
+
+
 def test_the_engine_reads_back_ids_only(pair):
     """Batch 4, k = 3, greedy and sampled rows together: on the graph path the host reads a few bytes per
     row and token; on the numpy path every logits row (the counter sees the difference)."""
@@ -213,22 +235,33 @@ def test_sampled_draft_steps_chain_on_the_device(pair, monkeypatch):
     graph, host = pair["graph"], pair["host"]
     started = []
     start = Chain.start
-    monkeypatch.setattr(Chain, "start", lambda c, *a: started.append((c.hi - c.lo, a[2] is not None)) or start(c, *a))
+
+    def recorded(c, *a):
+        start(c, *a)
+        started.append((c.hi - c.lo, a[2] is not None, c.drafting))
+
+    monkeypatch.setattr(Chain, "start", recorded)
     prompts = ["def f(x):", "import os\n", "class A:", "for i in range(3):"]
     options = [
         GenerationOptions(max_new_tokens=30, num_draft_tokens=3, ignore_eos=True, seed=i, **SETTINGS[j])
         for i, j in enumerate([1, 3, 0, 2])
     ]
     alone = [graph.complete(p, o).token_ids for p, o in zip(prompts, options, strict=True)]
-    assert (1, True) in started, started  # sampled steps chained at batch 1
+    assert (1, True, 1) in started, started  # sampled steps chained at batch 1
     assert alone == [host.complete(p, o).token_ids for p, o in zip(prompts, options, strict=True)]
     started.clear()
     assert [g.token_ids for g in _together(graph, prompts, options)] == alone
-    assert (4, True) in started, started  # ... and over the full batch
+    assert (4, True, 4) in started, started  # ... and over the full batch
+    started.clear()
+    # A row that ends early leaves its slot between two rows still drafting: the chain runs it idle.
+    options[1] = GenerationOptions(max_new_tokens=5, num_draft_tokens=3, ignore_eos=True, seed=1, **SETTINGS[3])
+    alone[1] = host.complete(prompts[1], options[1]).token_ids
+    assert [g.token_ids for g in _in_slot_order(graph, prompts, options)] == alone
+    assert (4, True, 3) in started, started
     started.clear()
     top_p = GenerationOptions(max_new_tokens=20, num_draft_tokens=3, ignore_eos=True, seed=1, **SETTINGS[4])
     assert graph.complete(prompts[0], top_p).token_ids == host.complete(prompts[0], top_p).token_ids
-    assert (1, True) not in started, started
+    assert not any(sampled for _, sampled, _ in started), started
 
 
 def test_device_buffers_start_zeroed(monkeypatch):

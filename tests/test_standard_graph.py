@@ -232,3 +232,37 @@ def test_chained_steps_equal_separate_runs(standard):
     np.testing.assert_allclose([c for _, c in a], [c for _, c in b], rtol=1e-5)
     for x, y in zip(kv_a, kv_b, strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_a_chain_runs_a_slot_that_does_not_draft_idle(standard):
+    """Slots inside a chain's range that do not draft this round (a row at its last token, a slot between two
+    requests) run idle, as in any batched run: the drafting rows get the tokens, probabilities and slot
+    contents of separate runs over them alone, and the idle slot keeps its length and contents."""
+    bundle, _ = standard("qwen2")
+    feeds = [[5, 9], None, [7, 8]]
+    runs = {}
+    for how in ("separate", "chained"):
+        session = ModelSession(open_bundle(bundle), rows=ROWS)
+        session.run([0, 1, 2], [[1] * 9, [2, 3] * 4, [4] * 5], [1, 1, 1])
+        got = []
+        if how == "chained":
+            chain = session.chain(0, ROWS)
+            chain.start(feeds, 2)
+            assert chain.drafting == 2
+            for n in (2, 1):
+                tokens, confidences = chain.run(n)
+                assert all(len(t) == 2 for t in tokens)  # the drafting rows' columns only
+                got += list(zip(tokens, confidences, strict=True))
+        else:
+            for _ in range(3):
+                fed = [[t] for t in got[-1][0]] if got else [feeds[0], feeds[2]]
+                step = session.run_logits([0, 2], fed, [1, 1], top=2)  # slot 1 carried idle
+                got.append((step.tokens, step.confidences))
+        runs[how] = got, [list(r.ids) for r in session.kv.rows], [b.copy() for b in session.kv._host]
+    (a, ids_a, kv_a), (b, ids_b, kv_b) = runs["separate"], runs["chained"]
+    assert [t for t, _ in a] == [t for t, _ in b] and ids_a == ids_b
+    assert ids_b[1] == [2, 3] * 4  # the idle slot's length did not move
+    np.testing.assert_allclose([c for _, c in a], [c for _, c in b], rtol=1e-5)
+    for x, y in zip(kv_a, kv_b, strict=True):  # what the idle row wrote past its length is never read
+        np.testing.assert_allclose(x[[0, 2]], y[[0, 2]], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(x[1, ..., :8, :], y[1, ..., :8, :])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..decoding.speculative import accept_drafts, draft_uniform, pick, verify_uniforms
+from ..options import GenerationOptions
 from ..runtime.buffers import Logits
 from ..runtime.sampler import GraphSampler, Settings
 from .request import Request
@@ -24,10 +25,13 @@ from .request import Request
 PATHS = ("graph", "host")
 
 
-def settings(rows: list[Request]) -> Settings | None:
-    """The rows' sampling settings for the graphs; None when every row is greedy (the greedy graphs take no
-    settings and no uniforms: nothing to build per run)."""
-    o = [r.options for r in rows]
+_IDLE = GenerationOptions()  # a row that runs without drafting (a chain's idle slot): greedy, nothing drawn
+
+
+def settings(rows: list[Request | None]) -> Settings | None:
+    """The rows' sampling settings for the graphs (None: an idle row, greedy); None when every row is greedy
+    (the greedy graphs take no settings and no uniforms: nothing to build per run)."""
+    o = [_IDLE if r is None else r.options for r in rows]
     if all(x.greedy for x in o):
         return None
     return Settings(
@@ -59,7 +63,7 @@ class HostDecider:
     def begin_round(self, max_k: int, vocab: int) -> None:
         self._q.clear()
 
-    def chain_picks(self, rows: list[Request], lo: int, hi: int) -> None:
+    def chain_picks(self, rows: list[Request | None], lo: int, hi: int) -> None:
         return None  # it picks from logits read back, one step at a time
 
     def pick(self, logits: Logits, rows: list[Request], step: int) -> tuple[list[int], list[float]]:
@@ -101,16 +105,19 @@ class GraphDecider:
         stop's signal); else nothing (the sampler graphs decide)."""
         return (2 if draft else 1) if all(r.options.greedy for r in rows) else 0
 
-    def chain_picks(self, rows: list[Request], lo: int, hi: int):
-        """The sampler's picks for a chain of draft steps over slots [lo, hi) holding `rows` (some sampled), or
-        None where the graphs cannot chain them (top-p; all greedy: those chain on the model's own picks)."""
+    def chain_picks(self, rows: list[Request | None], lo: int, hi: int):
+        """The sampler's picks for a chain of draft steps over slots [lo, hi) holding `rows` (a request per
+        slot, some sampled; None: idle), or None where the graphs cannot chain them (top-p; all greedy: those
+        chain on the model's own picks)."""
         s = settings(rows)
         return None if s is None else self.sampler.chain_picks(lo, hi, s)
 
-    def uniforms(self, rows: list[Request], steps: int) -> np.ndarray:
+    def uniforms(self, rows: list[Request | None], steps: int) -> np.ndarray:
         """The draft uniforms of the next `steps` steps [steps, rows], each row's drawn from its own generator
-        in step order, as `pick` draws them one step at a time."""
-        u = [[draft_uniform(r.options, r.rng) or 0.0 for _ in range(steps)] for r in rows]
+        in step order, as `pick` draws them one step at a time (an idle row's: 0, none drawn)."""
+        u = [
+            [0.0] * steps if r is None else [draft_uniform(r.options, r.rng) or 0.0 for _ in range(steps)] for r in rows
+        ]
         return np.array(u, np.float32).T.copy()
 
     def pick(self, logits: Logits, rows: list[Request], step: int) -> tuple[list[int], list[float]]:

@@ -84,7 +84,8 @@ class Runner:
         self.catch_up_ms = 1000 * (time.perf_counter() - t0)
         active = {r.id: (r, k, early(r)) for r, k in sorted(rows, key=lambda rk: rk[0].slot)}  # slot order
         feed = {r.id: r.tokens[kv.rows[r.slot].length :] for r, _ in rows}  # the last 1-2 tokens
-        steps: dict[int, list[float]] = {r.id: [] for r, _ in rows}
+        spent = dict.fromkeys(out, 0.0)  # per row: milliseconds of the steps it took part in, and how many
+        taken = dict.fromkeys(out, 0)
         self.decider.begin_round(max(k for _, k in rows), self.draft.vocab_size)
         step, chain = 0, None
         while active:
@@ -93,14 +94,14 @@ class Runner:
             left = [k - len(out[r.id].tokens) for r, k, _ in order]
             t0 = time.perf_counter()
             top = self.decider.top(requests, True)
-            if chain is not None and (len(order) != chain.hi - chain.lo or chain.room() < 1):  # a row stopped
+            if chain is not None and (len(order) != chain.drafting or chain.room() < 1):  # a row stopped
                 chain = None
             if chain is None and top in (0, 2):  # the picks feed the next steps on the device
-                chain = self._chain(requests, [feed[r.id] for r in requests], max(left), top == 0, step)
+                chain, lanes = self._chain(requests, feed, max(left), top == 0, step) or (None, None)
             if chain is not None:
                 # Back to back while no row may stop early (each then drafts exactly its k), else one at a time.
                 n = 1 if any(stops for _, _, stops in order) else min(min(left), chain.room())
-                uniforms = self.decider.uniforms(requests, n) if chain.picks is not None else None
+                uniforms = self.decider.uniforms(lanes, n) if chain.picks is not None else None
                 tokens, confidences = chain.run(n, uniforms)
             else:
                 logits = self.draft.run_logits(
@@ -108,10 +109,11 @@ class Runner:
                 )
                 picked = self.decider.pick(logits, requests, step)
                 tokens, confidences = [picked[0]], [picked[1]]
-            ms = 1000 * (time.perf_counter() - t0) / len(tokens)
+            ms, n = 1000 * (time.perf_counter() - t0), len(tokens)
             for i, (r, k, stops) in enumerate(order):
                 p = out[r.id]
-                steps[r.id] += [ms] * len(tokens)
+                spent[r.id] += ms
+                taken[r.id] += n
                 p.tokens += [t[i] for t in tokens]
                 p.confidences += [c[i] for c in confidences]
                 feed[r.id] = [p.tokens[-1]]
@@ -121,27 +123,33 @@ class Runner:
                 # paired ratios each; results/trust/joint-stop.)
                 if len(p.tokens) >= k or (stops and not more(r, k, p.confidences)):
                     del active[r.id]
-            step += len(tokens)
+            step += n
         for rid, p in out.items():
-            p.step_ms = sum(steps[rid]) / len(steps[rid]) if steps[rid] else None  # plain Python: 8 rows x numpy cost
+            p.step_ms = spent[rid] / taken[rid] if taken[rid] else None
         return out
 
-    def _chain(self, requests: list[Request], feeds: list[list[int]], steps: int, sampled: bool, step: int):
-        """A chain of draft steps over the rows (in slot order), its first step fed `feeds`, each step's picks
-        the model's own (all greedy) or the sampler graph's; None when the rows do not fill a slot range, the
-        bundle's graph or the decider cannot chain, or the slots are full. A sampled chain starts with the
-        round (its picks store q at draft positions 0, 1, ..., where the verification reads them)."""
+    def _chain(self, requests: list[Request], feed: dict[int, list[int]], steps: int, sampled: bool, step: int):
+        """A chain of draft steps over the slot range the rows (in slot order) span, its first step feeding each
+        row feed[id] (slots in the range that do not draft run idle); each step's picks the model's own (all
+        greedy) or the sampler graph's. None when the bundle's graph or the decider cannot chain, or the slots
+        are full. A sampled chain starts with the round (its picks store q at draft positions 0, 1, ..., where
+        the verification reads them). Returns the chain and the range's rows (a request, or None: idle)."""
+        if sampled and step > 0:
+            return None
         lo, hi = requests[0].slot, requests[-1].slot + 1
-        if hi - lo != len(requests) or (sampled and step > 0):
-            return None
         chain = self.draft.chain(lo, hi)
-        if chain is None or chain.room() < 1:
+        if chain is None:
             return None
-        picks = self.decider.chain_picks(requests, lo, hi) if sampled else None
-        if sampled and picks is None:
-            return None
-        chain.start(feeds, steps, picks)
-        return chain
+        lanes: list[Request | None] = [None] * (hi - lo)  # the range's rows: a request, or None (idle)
+        for r in requests:
+            lanes[r.slot - lo] = r
+        picks = None
+        if sampled:
+            picks = self.decider.chain_picks(lanes, lo, hi)
+            if picks is None:
+                return None
+        chain.start([None if r is None else feed[r.id] for r in lanes], steps, picks)
+        return (chain, lanes) if chain.room() >= 1 else None
 
     def target_pass(self, rows: list[tuple[Request, Proposal]]) -> tuple[list[tuple[int, int]], float]:
         """One target pass over every row's [last token, drafts] and their verification: per row (accepted

@@ -2,8 +2,9 @@
 before, bound in place on the session's device and run back to back.
 
 A round's first draft step feeds each row the 1-2 tokens its draft slot lacks (ragged); every later step
-feeds it the token the step before picked. When the rows drafting fill a slot range [lo, hi) and every one
-is greedy, the model graph's `top_token` output of step j IS the `input_ids` of step j + 1: both are bound
+feeds it the token the step before picked. The rows drafting span a slot range [lo, hi); a slot inside it
+that does not draft now runs idle, as in any batched run (what it computes is dropped). When every row is
+greedy, the model graph's `top_token` output of step j IS the `input_ids` of step j + 1: both are bound
 to row j of one [steps + 1, rows] token buffer on the device, in one IO binding per step position, made once
 (with the slot range's KV buffers, as `ModelSession` binds them) and kept. Each binding has its own write
 positions, set for the whole chain when it starts, so between two runs the host does nothing: a chain of
@@ -48,54 +49,74 @@ class Chain:
         self.ones = np.ones(rows, np.int64)  # one new token per row, every step after the first
         self.arange = np.arange(rows, dtype=np.int64)  # the logits rows of a 1-token step
         self.top_mode = np.array([_TOP_BOTH], np.int64)
-        # The first step per width w (1 or 2 ids per row): its IO binding, the buffer addresses it was bound
-        # at, and one host block holding its inputs [ids [rows, w] | write positions | counts | logits rows],
-        # written with one numpy call per chain (each call right after a model run costs 10-40 us).
-        self._first: dict[int, tuple[object, tuple | None, np.ndarray]] = {}
-        # Step positions j >= 1: IO binding and the addresses it was bound at; position j's write positions
-        # are row j - 1 of `_writes` (set for the whole chain in one call).
+        # The host inputs of a chain, one int64 array written with one numpy call per chain (each call right
+        # after a model run costs 10-40 us): [first step's ids [rows, w] (room for w = FEED) | write positions
+        # | counts | logits rows | write positions of step positions 1, 2, ... (a row of `rows` each)].
+        self._host = np.zeros(0, np.int64)
+        self._host_at = 0  # its address (numpy's is slow to ask for)
+        # The first step per width w (1 or 2 ids per row) and each later step position j >= 1: its IO binding
+        # and the addresses it was bound at.
+        self._first: dict[int, tuple[object, tuple | None]] = {}
         self._ios: list[tuple[object, tuple | None]] = []
-        self._writes = np.zeros((0, rows), np.int64)
         self._width = 1  # this chain's first-step width
         self._past: list[int] = []  # the slots' lengths after the first step
         self._step = 0  # steps run since `start`
         self._ready = 0  # step positions bound and given their write positions since `start`
+        self._room = 0  # steps the slots had room for at `start`
         self._fed: list[list[int]] = []  # what the next step feeds each row
         self.picks = None  # the sampler's ChainPicks of this chain, if it samples
+        self.live: list[int] | None = None  # the rows that draft, by index in the range (None: all of them)
 
-    def start(self, feeds: list[list[int]], steps: int = 1, picks=None) -> None:
+    def start(self, feeds: list[list[int] | None], steps: int = 1, picks=None) -> None:
         """Begin a chain whose first step feeds row i `feeds[i]` (1-2 ids, slot order) after what its slot
-        holds; `steps`: how many steps are expected (bound now; more are added when asked for). picks: the
-        sampler's `ChainPicks` when some row samples (each model step is then followed by its pick graph's
-        run, which writes the step's tokens); None: the model's own greedy picks."""
+        holds; None: an idle row (a slot in the range not drafting now: it is run on token 0 and its results
+        are neither returned nor kept: its slot's length does not move, and what the run wrote past it is
+        written again before it is ever read). `steps`: how many steps are expected (bound now; more are
+        added when asked for). picks: the sampler's `ChainPicks` when some row samples (each model step is
+        then followed by its pick graph's run, which writes the step's tokens); None: the model's own greedy
+        picks."""
         rows = self.hi - self.lo
-        if len(feeds) != rows or not all(1 <= len(f) <= FEED for f in feeds):
-            raise ValueError(f"a chain over slots [{self.lo}, {self.hi}) needs 1-{FEED} ids for each of {rows} rows")
+        if len(feeds) != rows or not all(f is None or 1 <= len(f) <= FEED for f in feeds):
+            raise ValueError(f"a chain over slots [{self.lo}, {self.hi}) needs 1-{FEED} ids or None for each of {rows}")
+        live = [i for i, f in enumerate(feeds) if f is not None]
+        if not live:
+            raise ValueError(f"a chain over slots [{self.lo}, {self.hi}) needs a row that drafts")
+        self.live = None if len(live) == rows else live
+        feeds = [[0] if f is None else f for f in feeds]
         kv = self.session.kv.rows
         past = [kv[s].length for s in range(self.lo, self.hi)]
         counts = [len(f) for f in feeds]
         self._width = width = max(counts)
         self._past = [p + c for p, c in zip(past, counts, strict=True)]
-        self._step = self._ready = 0
+        self._step = 0
+        self._room = self.session.kv.max_len - max(past) - (FEED - 1)
         self._fed = [list(f) for f in feeds]
         self.picks = picks
         self.top_mode[0] = 0 if picks is not None else _TOP_BOTH  # bound: read in place at each run
-        self._prepare(max(min(steps, self.room()) - 1, 0))
-        values = []  # ids padded with token 0 (its outputs are never read), then the three per-row inputs
+        ready = max(min(steps, self._room) - 1, 0)
+        self._bind(ready)
+        values = []  # ids padded with token 0 (its outputs are never read), then the per-row inputs
         for f in feeds:
             values += f
             values += [0] * (width - len(f))
+        values += [0] * ((FEED - width) * rows)
         values += past
         values += counts
         values += [r * width + c - 1 for r, c in enumerate(counts)]  # each row's last fed position
-        block = self._first[width][2]
-        block[:] = values
-        self.session.transfers.to_device += block.nbytes
+        for j in range(ready):  # step position j + 1 writes one position past the one before
+            values += [p + j for p in self._past]
+        self._host[: len(values)] = values
+        self._ready = ready
+        self.session.transfers.to_device += 8 * rows * (width + 3)  # the first step's inputs (later: per run)
+
+    @property
+    def drafting(self) -> int:
+        """How many of the chain's rows draft (the others are idle)."""
+        return self.hi - self.lo if self.live is None else len(self.live)
 
     def room(self) -> int:
         """Steps the slots have room for, from where the chain stands (a step writes <= FEED positions a row)."""
-        kv = self.session.kv
-        return kv.max_len - max(kv.rows[s].length for s in range(self.lo, self.hi)) - (FEED - 1)
+        return self._room - self._step
 
     def run(self, n: int, uniforms: np.ndarray | None = None) -> tuple[list[list[int]], list[list[float]]]:
         """The next n steps of every row, back to back (each feeding the picks of the one before); then the
@@ -105,7 +126,7 @@ class Chain:
         if n < 1 or n > self.room():
             raise ValueError(f"{n} steps do not fit slots [{self.lo}, {self.hi}) ({self.room()} positions left)")
         if j + n - 1 > self._ready:  # positions past those made ready at `start` (no work per step otherwise)
-            self._prepare(j + n - 1)
+            self._extend(j + n - 1)
         ios = [io for io, _ in self._ios[max(j - 1, 0) : j + n - 1]]  # step positions j.. (1.. after the first)
         if j == 0:
             ios.insert(0, self._first[self._width][0])
@@ -119,59 +140,70 @@ class Chain:
             self._run_sampled(ios, j, uniforms)
         s.chained_steps += n
         s.transfers.to_device += 8 * rows * (n - (j == 0))  # each later step's write positions
-        tokens = self.tokens.read((n, rows), j * rows).tolist()
-        confidences = self.confidences.read((n, rows), j * rows).tolist()
-        fed = self._fed
+        tokens = self.tokens.read((n, rows), j * rows)
+        confidences = self.confidences.read((n, rows), j * rows)
+        if self.live is not None:  # the drafting rows' columns only
+            tokens, confidences = tokens[:, self.live], confidences[:, self.live]
+        tokens, confidences = tokens.tolist(), confidences.tolist()
+        live = range(rows) if self.live is None else self.live
+        fed = [self._fed[i] for i in live]
         for step in tokens[:-1]:
             for row, token in zip(fed, step, strict=True):
                 row.append(token)
         kv = s.kv.rows
-        for slot, row in zip(range(self.lo, self.hi), fed, strict=True):
-            kv[slot].advance(row)
-        self._step, self._fed = j + n, [[t] for t in tokens[-1]]
+        for i, row in zip(live, fed, strict=True):
+            kv[self.lo + i].advance(row)
+        for i, t in zip(live, tokens[-1], strict=True):
+            self._fed[i] = [t]
+        self._step = j + n
         return tokens, confidences
 
-    def _prepare(self, steps: int) -> None:
+    def _extend(self, steps: int) -> None:
+        """Step positions up to `steps` bound and given their write positions, past those made ready."""
+        self._bind(steps)
+        rows, base = self.hi - self.lo, (self.hi - self.lo) * (FEED + 3)
+        writes = self._host[base:].reshape(-1, rows)
+        writes[self._ready : steps] = np.array(self._past) + np.arange(self._ready, steps)[:, None]
+        self._ready = steps
+
+    def _bind(self, steps: int) -> None:
         """Token and confidence rows 0..steps exist, the first step (this chain's width) writes row 0, and step
-        positions 1..steps read row j - 1 and write row j, with their write positions set for this chain
-        (those made ready since `start` are left alone)."""
-        rows, first = self.hi - self.lo, self._ready + 1
+        positions 1..steps read row j - 1 and write row j: bound once per set of buffer addresses, kept from
+        chain to chain (a general run may have moved the session's logits buffer, where the steps' logits go,
+        never read here)."""
+        s, rows = self.session, self.hi - self.lo
         if (steps + 1) * rows > self.tokens.capacity:  # grown geometrically; what was written is kept
             kept = self.tokens.read((self._step * rows,)).copy() if self.tokens.capacity else None
             self.tokens.allocate(2 * (steps + 1) * rows)
             self.confidences.allocate(2 * (steps + 1) * rows)
             if kept is not None and kept.size:
                 self.tokens.write(0, kept)
-            first = 1  # every binding points at the old buffers
-        if steps > len(self._writes):
-            self._writes = np.zeros((max(steps, 2 * len(self._writes)), rows), np.int64)
-            first = 1
-        s = self.session
-        at = (self.tokens.ptr, self.confidences.ptr, self._writes.ctypes.data)
-        width = self._width
-        if width not in self._first:
-            self._first[width] = (s._new_binding(self.lo, self.hi), None, np.zeros(rows * (width + 3), np.int64))
-        io, bound_at, block = self._first[width]
+        if rows * (FEED + 3 + steps) > self._host.size:  # grown likewise, its contents kept
+            grown = np.zeros(rows * (FEED + 3 + max(steps, 2 * (self._host.size // rows - FEED - 3))), np.int64)
+            grown[: self._host.size] = self._host
+            self._host, self._host_at = grown, grown.ctypes.data
+        shape = s._logits_shape(rows)
+        s.logits.reserve(rows * s.vocab_size)
+        at = (self.tokens.ptr, self.confidences.ptr, self._host_at, s.logits.ptr)
+        host, width, base = self._host, self._width, rows * (FEED + 3)
+        io, bound_at = self._first.get(width) or (s._new_binding(self.lo, self.hi), None)
         if bound_at != at:
-            w = rows * width
-            inputs = [block[:w].reshape(rows, width), block[w : w + rows], block[w + rows : w + 2 * rows]]
-            self._bind(io, 0, [*inputs, block[w + 2 * rows :]])
-            self._first[width] = (io, at, block)
-        # The logits (never read here) go to the session's buffer; a general run may have moved it since.
-        s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))  # rebinds only if it moved
+            w, f = rows * width, rows * FEED
+            ids = host[:w].reshape(rows, width)
+            self._bind_step(io, 0, [ids, host[f : f + rows], host[f + rows : f + 2 * rows], host[f + 2 * rows : base]])
+            s.logits.bind_output(io, s.graph.logits, shape)
+        self._first[width] = (io, at)
         while len(self._ios) < steps:
             self._ios.append((s._new_binding(self.lo, self.hi), None))
-        for j in range(first, steps + 1):
+        for j in range(1, steps + 1):
             io, bound_at = self._ios[j - 1]
             if bound_at != at:
-                self._bind(io, j, [None, self._writes[j - 1], self.ones, self.arange])
+                writes = host[base + (j - 1) * rows : base + j * rows]
+                self._bind_step(io, j, [None, writes, self.ones, self.arange])
+                s.logits.bind_output(io, s.graph.logits, shape)
                 self._ios[j - 1] = (io, at)
-            s.logits.bind_output(io, s.graph.logits, s._logits_shape(rows))
-        if first <= steps:
-            self._writes[first - 1 : steps] = [[p + j - 1 for p in self._past] for j in range(first, steps + 1)]
         if self.picks is not None:  # after the logits' binding: it may have grown the buffer
             self.picks.prepare(steps, s.logits, self.tokens.ptr, self.confidences.ptr)
-        self._ready = max(self._ready, steps)
 
     def _run_sampled(self, ios: list, j: int, uniforms: np.ndarray) -> None:
         """Model step, then its pick graph, for each of the steps j.. (the pick writes the token the next model
@@ -194,7 +226,7 @@ class Chain:
         s.seconds += model
         picks.sampler.seconds += sampler
 
-    def _bind(self, io, j: int, inputs: list) -> None:
+    def _bind_step(self, io, j: int, inputs: list) -> None:
         """Step position j's outputs to token / confidence row j; its ids from row j - 1 (j >= 1) or the first
         step's host array; its write positions, counts and logits rows from `inputs`."""
         s, rows = self.session, self.hi - self.lo
