@@ -36,6 +36,7 @@ class HostArrays:
         self.io = io
         self.inputs: dict[str, np.ndarray] = {}
         self.outputs: dict[str, tuple] = {}  # name -> (where it is bound, the host array or None)
+        self._block: tuple[tuple, np.ndarray] | None = None  # the int64 inputs bound as views of one array
 
     def set(self, name: str, array: np.ndarray) -> None:
         old = self.inputs.get(name)
@@ -45,6 +46,31 @@ class HostArrays:
         array = np.array(array, copy=True, order="C")  # owned here: the caller may reuse its own
         self.io.bind_cpu_input(name, array)
         self.inputs[name] = array
+        self._block = None  # a view of it may be what this name was bound to
+
+    def set_constant(self, name: str, array: np.ndarray) -> None:
+        """Bind `array` itself, an array nobody writes (a module's constant): once, while it stays bound."""
+        if self.inputs.get(name) is not array:
+            self.io.bind_cpu_input(name, array)
+            self.inputs[name] = array
+            self._block = None
+
+    def set_int64(self, parts: tuple[tuple[str, tuple[int, ...]], ...], values: list[int]) -> np.ndarray:
+        """Several int64 inputs, (name, shape) in `parts`, from one flat list of values: the inputs are views
+        of one host array, bound while their shapes hold, and a run writes them all with one numpy call
+        (each numpy call right after a model's run costs 10-40 us of cold caches). Returns that array."""
+        if self._block is None or self._block[0] != parts:
+            block = np.zeros(sum(math.prod(shape) for _, shape in parts), np.int64)
+            at = 0
+            for name, shape in parts:
+                view = block[at : at + math.prod(shape)].reshape(shape)
+                self.io.bind_cpu_input(name, view)
+                self.inputs[name] = view
+                at += view.size
+            self._block = (parts, block)
+        block = self._block[1]
+        block[:] = values
+        return block
 
     def output(self, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
         """The host array bound as output `name`: the next run writes into it (read it before the one after)."""
@@ -86,6 +112,7 @@ class DeviceBuffer:
         self.dtype = np.dtype(dtype)
         self.capacity = 0
         self._value = None  # the OrtValue
+        self._ptr: int | None = None  # its address (asked for at every binding check)
         self._host: np.ndarray | None = None  # the CPU provider's backing array
         self._bound: dict[tuple[int, str], tuple] = {}  # (id(io), name) -> (io, shape, address) bound there
 
@@ -104,10 +131,11 @@ class DeviceBuffer:
         else:  # uninitialised device memory holds anything, NaN included: zero it once
             self._value = ort.OrtValue.ortvalue_from_numpy(np.zeros(elements, self.dtype), self.device, self.device_id)
         self.capacity = elements
+        self._ptr = self._value.data_ptr()
 
     @property
-    def ptr(self) -> int:
-        return self._value.data_ptr()
+    def ptr(self) -> int | None:
+        return self._ptr
 
     def bind_output(self, io, name: str, shape: tuple[int, ...]) -> None:
         self.reserve(math.prod(shape))
@@ -120,10 +148,11 @@ class DeviceBuffer:
         """Bind unless `io` already has this buffer, at its current address, with this shape under `name`:
         binding costs host time on every run, and the same binding is asked for run after run."""
         entry = self._bound.get((id(io), name))
-        if entry is not None and entry[0] is io and entry[1:] == (shape, self.ptr):
+        ptr = self._ptr
+        if entry is not None and entry[0] is io and entry[1:] == (shape, ptr):
             return
-        bind(name, self.device, self.device_id, self.dtype, list(shape), self.ptr)
-        self._bound[id(io), name] = (io, shape, self.ptr)  # io kept: its id is not reused while it is here
+        bind(name, self.device, self.device_id, self.dtype, list(shape), ptr)
+        self._bound[id(io), name] = (io, shape, ptr)  # io kept: its id is not reused while it is here
 
     def read(self, shape: tuple[int, ...], start: int = 0) -> np.ndarray:
         """prod(shape) elements from `start` as a host array (a view on the CPU provider, a copy elsewhere),

@@ -281,16 +281,18 @@ class ChainPicks:
         if steps + 1 > len(self.uniforms):  # grown geometrically: every binding moves
             n = max(steps + 1, 2 * len(self.uniforms))
             self.uniforms = np.zeros((n, rows), np.float32)
-            self.q_index = np.stack(
-                [np.stack([np.arange(self.lo, self.lo + rows), np.full(rows, j)], axis=1) for j in range(n)]
-            ).astype(np.int64)
+            self.q_index = np.zeros((n, rows, 2), np.int64)  # [j, row] = (slot, j)
+            self.q_index[:, :, 0] = np.arange(self.lo, self.lo + rows)
+            self.q_index[:, :, 1] = np.arange(n)[:, None]
             self._ios = [(io, None) for io, _ in self._ios]
         self.short.reserve(rows)
         opts = s.options
-        at = (tokens, confidences, self.uniforms.ctypes.data, self.short.ptr)
+        q_shape = s._q_shape()
+        # Every binding's addresses and shapes: the logits and q buffers may have moved or grown since.
+        at = (tokens, confidences, self.uniforms.ctypes.data, self.short.ptr, logits.ptr, s.q_store.ptr, q_shape)
         while len(self._ios) <= steps:
             self._ios.append((self.session.io_binding(), None))
-        for j in range(steps + 1):
+        for j in range(steps + 1):  # bound once per address set, kept from chain to chain
             io, bound_at = self._ios[j]
             if bound_at != at:
                 for key, array in (*self.settings.items(), *self.constants.items()):
@@ -302,10 +304,10 @@ class ChainPicks:
                 io.bind_output("confidence", *dev, np.float32, [rows], confidences + 4 * rows * j)
                 if self.filtered:
                     self.short.bind_output(io, "short", (rows,))
+                logits.bind_input(io, "logits", (rows, vocab))
+                s.q_store.bind_input(io, "q_store", q_shape)
+                s.q_store.bind_output(io, "q_store_out", q_shape)
                 self._ios[j] = (io, at)
-            logits.bind_input(io, "logits", (rows, vocab))  # each rebinds only what moved
-            s.q_store.bind_input(io, "q_store", s._q_shape())
-            s.q_store.bind_output(io, "q_store_out", s._q_shape())
 
     def binding(self, j: int):
         return self._ios[j][0]

@@ -23,7 +23,7 @@ from .chain import Chain
 from .kvcache import KV_TYPES, KVCache
 
 DEVICES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-_TOP_MODES = [np.array([mode], np.int64) for mode in range(3)]  # the graph's top_mode input, by value
+_TOP_MODES = [np.array([mode], np.int64) for mode in range(3)]  # the graph's top_mode input, by value (never written)
 
 
 @dataclass(frozen=True)
@@ -207,19 +207,31 @@ class ModelSession:
                 )
 
     def _execute(
-        self, io, inputs: dict[str, np.ndarray], positions: int, starts: list[int], keep: list[int], top: int
+        self,
+        io,
+        inputs: dict[str, np.ndarray],
+        positions: int,
+        starts: list[int],
+        keep: list[int],
+        top: int,
+        ints: tuple[tuple, list[int]] | None = None,
     ) -> Logits:
         """Bind the host inputs (counted as sent) and the logits buffer, run, and hand back the logits where
         they are, with each logits row's greedy token (top >= 1) and its probability (top 2) where the graph
-        computes them (counted as received)."""
+        computes them (counted as received). ints: int64 inputs as ((name, shape), ...) and one flat list of
+        their values (`HostArrays.set_int64`)."""
         g = self.graph
         host = self._host.get(id(io)) or self._host.setdefault(id(io), HostArrays(io))
         if g.top_mode:
-            inputs[g.top_mode] = _TOP_MODES[top]
+            host.set_constant(g.top_mode, _TOP_MODES[top])
+            self.transfers.to_device += 8
             tokens, confidences = self._bind_top(host, positions, top)
         for name, array in inputs.items():
             host.set(name, array)
-        self.transfers.sent(*inputs.values())
+        if inputs:
+            self.transfers.sent(*inputs.values())
+        if ints is not None:
+            self.transfers.sent(host.set_int64(*ints))
         self.logits.bind_output(io, g.logits, self._logits_shape(positions))
         t0 = time.perf_counter()
         self.session.run_with_iobinding(io)
@@ -321,24 +333,29 @@ class ModelSession:
             real[r] = n
             flat[r * width : r * width + n] = x
             rows_out.extend(range(r * width + n - k, r * width + n))
-        input_ids = np.array(flat, np.int64).reshape(hi - lo, width)
         g = self.graph
         io = self._bind_rows(lo, hi)
+        starts = [0, *itertools.accumulate(keep)][:-1]
         if g.masks == "graph":  # the graph builds positions and the causal mask from these: O(B) integers
-            inputs = {
-                g.input_ids: input_ids,
-                g.write_index: np.array(past, np.int64),
-                g.new_tokens: np.array(real, np.int64),
-            }
+            b = hi - lo
+            parts = (
+                (g.input_ids, (b, width)),
+                (g.write_index, (b,)),
+                (g.new_tokens, (b,)),
+                (g.logits_rows, (len(rows_out),)),
+            )
+            logits = self._execute(
+                io, {}, len(rows_out), starts, list(keep), top, (parts, flat + past + real + rows_out)
+            )
         else:  # a bundle from before: positions [B, S] and the mask [B, 1, S, T] made here
+            input_ids = np.array(flat, np.int64).reshape(hi - lo, width)
             start = np.array(past, np.int64)
             positions = start[:, None] + np.arange(width)[None, :]
             total = max(p + n for p, n in zip(past, real, strict=True))  # T: the slots the longest row attends to
             mask = np.arange(total)[None, None, None, :] <= positions[:, None, :, None]  # causal, per row
             inputs = {g.input_ids: input_ids, g.position_ids: positions, g.write_index: start, g.attention_mask: mask}
-        starts = [0, *itertools.accumulate(keep)][:-1]
-        inputs[g.logits_rows] = np.array(rows_out, np.int64)
-        logits = self._execute(io, inputs, len(rows_out), starts, list(keep), top)
+            inputs[g.logits_rows] = np.array(rows_out, np.int64)
+            logits = self._execute(io, inputs, len(rows_out), starts, list(keep), top)
         for slot, x in zip(slots, ids, strict=True):
             self.kv.rows[slot].advance(x)
         return logits

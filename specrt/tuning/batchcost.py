@@ -100,6 +100,9 @@ class BatchCost:
         batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass).
         A query: the ceiling in force changes only when the round is observed."""
 
+        if all(fixed):  # nothing to cap: the one candidate, without pricing it (this runs every round)
+            return BatchChoice(0, list(wanted))
+
         def ks_for(ceiling: int) -> list[int]:
             return [w if f else min(w, ceiling) for w, f in zip(wanted, fixed, strict=True)]
 

@@ -73,9 +73,20 @@ class BatchProfile:
     context: int = 512
     reps: int = 0  # timed rounds behind each median (0: a profile from before this was recorded)
 
+    def __post_init__(self) -> None:
+        # (batch, width) -> ms, read once: the batch's cost model reads the same few cells several times a
+        # round, and a profile is data, never changed once made. (Not a field: not stored, not compared.)
+        self._read: dict[tuple[int, int], float] = {}
+
     def __call__(self, batch: int, width: int) -> float:
         """Linear between measured batch sizes, proportional to the batch below the smallest and past the
         largest (a row's share of the run stays what it was measured at)."""
+        ms = self._read.get((batch, width))
+        if ms is None:
+            ms = self._read[batch, width] = self._interpolate(batch, width)
+        return ms
+
+    def _interpolate(self, batch: int, width: int) -> float:
         row = [at_width(self.widths, r, width) for r in self.ms]
         if batch <= self.batches[0]:
             return row[0] * batch / self.batches[0]
