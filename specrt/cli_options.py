@@ -35,7 +35,12 @@ def engine_options(f):
                 help="Draft bundle folder, or 'ngram' for prompt lookup; repeat to combine (auto k: the drafter "
                 "promising more drafts each round; fixed k: n-gram first).",
             ),
-            click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True),
+            click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
+            click.option(
+                "--tf32",
+                is_flag=True,
+                help="Let a GPU use TF32 in float32 MatMuls (faster; output may part from target-only decoding).",
+            ),
             click.option("--threads", type=int, default=0, show_default=True, help="Target threads (0: auto)."),
             click.option("--draft-threads", type=int, default=None, help="Draft threads [default: --threads]."),
             click.option(

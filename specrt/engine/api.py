@@ -31,6 +31,7 @@ from ..decoding.drafters import NgramDrafter
 from ..errors import EngineBusyError, OptionsError, PromptError
 from ..options import GenerationOptions
 from ..runtime.buffers import Transfers
+from ..runtime.providers import parse_device
 from ..runtime.sampler import GraphSampler, has_samplers
 from ..runtime.session import ModelSession, SessionOptions
 from ..tuning.batchcost import BatchCost
@@ -369,6 +370,7 @@ def load(
     verify: bool = False,
     max_batch: int = 1,
     sampler: str = "auto",
+    tf32: bool = False,
 ) -> Engine:
     """Load bundles for generation. threads=0 lets ONNX Runtime choose; ngram=True adds prompt-lookup
     drafting (alone, or beside the draft model: with auto k the one promising more tokens/s drafts each round).
@@ -377,7 +379,9 @@ def load(
     (bundles of the standard graph; each row is a KV slot of max_seq_len positions in each model).
     sampler: where draft tokens are picked and drafts verified: "graph" (the bundle's sampler graphs, on the
     device the logits are on: only ids cross), "host" (numpy on logits read back), "auto" (graph when the
-    bundle has the graphs).
+    bundle has the graphs). device: "cpu", "cuda" or "cuda:N"; tf32=True lets a GPU use TF32 in float32
+    MatMuls (faster; the logits then differ from the CPU's, and greedy output may part from target-only
+    decoding's).
 
     spinning=True lets ONNX Runtime's worker threads spin while a run waits for work (they sleep otherwise,
     and waking them costs at every parallel section). With a draft loaded they stop spinning as soon as a
@@ -385,8 +389,14 @@ def load(
     steal the cores from the other's (scripts/bench_spinning.py, 2 cores, int4 1.5B + int4 0.5B: a 2-token
     verify takes 62 ms spinning during runs, 67 ms without spinning, 96 ms spinning throughout).
     """
+    name, device_id = parse_device(device)
     opts = SessionOptions(
-        device=device, intra_op_threads=threads, allow_spinning=spinning, spin_between_runs=draft is None
+        device=name,
+        device_id=device_id,
+        intra_op_threads=threads,
+        allow_spinning=spinning,
+        spin_between_runs=draft is None,
+        tf32=tf32,
     )
     draft_opts = replace(opts, intra_op_threads=threads if draft_threads is None else draft_threads)
     return Engine(target, draft, opts, draft_opts, ngram=ngram, verify=verify, max_batch=max_batch, sampler=sampler)

@@ -22,7 +22,8 @@ import numpy as np
 from ..bundle.loading import Bundle
 from ..errors import BundleError
 from .buffers import DeviceBuffer, HostArrays, Logits, Transfers
-from .session import DEVICES, SessionOptions
+from .providers import inference_session
+from .session import SessionOptions
 
 GRAPHS = ("pick_greedy", "pick_sampled", "pick_filtered", "verify_greedy", "verify_sampled", "verify_filtered")
 FOLDER = "sampler"
@@ -117,7 +118,8 @@ class GraphSampler:
         # Its threads sleep when a run ends: spinning ones would take the cores from the model's next run.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.log_severity_level = 3
-        return ort.InferenceSession(model, so, providers=[DEVICES[self.options.device]])
+        o = self.options
+        return inference_session(model, so, o.device, o.device_id, o.tf32)
 
     def ensure_steps(self, steps: int, vocab: int) -> None:
         """q_store holds at least `steps` draft positions per slot (reallocated, zeroed, when it grows)."""

@@ -21,9 +21,20 @@ from ..errors import BundleError, OptionsError
 from .buffers import DeviceBuffer, HostArrays, Logits, Transfers
 from .chain import Chain
 from .kvcache import KV_TYPES, KVCache
+from .providers import DEVICES, inference_session, misplaced, out_of_memory, placements
 
-DEVICES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 _TOP_MODES = [np.array([mode], np.int64) for mode in range(3)]  # the graph's top_mode input, by value (never written)
+
+
+def _kv_gib(m, rows: int) -> float:
+    """GiB of the key and value buffers of `rows` slots of the bundle's max_seq_len."""
+    a = m.architecture
+    size = np.dtype(KV_TYPES[m.graph.kv_dtype][0]).itemsize
+    return 2 * size * rows * a.num_layers * a.num_kv_heads * m.max_seq_len * a.head_dim / 2**30
+
+
+def _weights_gib(bundle) -> float:
+    return sum(f.stat().st_size for f in bundle.path.glob("model.onnx*")) / 2**30
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,9 @@ class SessionOptions:
     # sessions taking turns on the same cores want that: spinning inside a run keeps its parallel sections
     # fast, but threads still spinning after it steal the cores from the other session's run.
     spin_between_runs: bool = True
+    # TF32 in float32 MatMuls on a GPU: faster, but the logits differ from the CPU's (and greedy output may
+    # part from target-only decoding's). Off unless asked for.
+    tf32: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -85,14 +99,29 @@ class ModelSession:
         if m.quantization.form == "qdq":  # ORT fuses DequantizeLinear + MatMul into MatMulNBits at this level
             so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(m.quantization.accuracy_level))
         so.log_severity_level = 3
-        providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
+        where = f"{options.device}:{options.device_id}"
         try:
-            self.session = ort.InferenceSession(str(bundle.model_path), so, providers=providers)
+            self.session = inference_session(
+                str(bundle.model_path), so, options.device, options.device_id, options.tf32
+            )
         except Exception as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            if out_of_memory(str(e)):
+                raise BundleError(
+                    f"{bundle.model_path}: {where} ran out of memory loading the graph ({_weights_gib(bundle):.2f} GiB "
+                    f"of weights, then {_kv_gib(m, rows):.2f} GiB of KV slots for {rows} rows); free the device, "
+                    "load fewer rows (max_batch) or a bundle with a smaller --max-seq-len or --quant int4"
+                ) from None
             raise BundleError(
                 f"{bundle.model_path}: ONNX Runtime cannot load the graph ({first}); re-export the bundle"
             ) from None
+        fallen = misplaced(placements(self.session), options.device) if options.device != "cpu" else []
+        if fallen:
+            raise BundleError(
+                f"{bundle.model_path}: {len(fallen)} compute nodes would run on the CPU beside {where} "
+                f"({', '.join(fallen[:4])}{', ...' if len(fallen) > 4 else ''}): this onnxruntime has no {where} "
+                "kernel for them; export with --dtype fp16 (kernels for every node), or run with --device cpu"
+            )
         self._check_io()
 
         arch = m.architecture
@@ -107,12 +136,13 @@ class ModelSession:
                 options.device_id,
                 rows,
             )
-        except (MemoryError, ValueError) as e:
-            size = np.dtype(KV_TYPES[g.kv_dtype][0]).itemsize
-            need = 2 * size * rows * arch.num_layers * arch.num_kv_heads * m.max_seq_len * arch.head_dim / 2**30
+        except Exception as e:  # host: MemoryError / ValueError; a device: ONNX Runtime's out-of-memory error
+            if not isinstance(e, (MemoryError, ValueError)) and not out_of_memory(str(e)):
+                raise
             raise BundleError(
-                f"{bundle.path}: cannot allocate the KV buffers ({need:.1f} GiB for max_seq_len {m.max_seq_len}: "
-                f"{type(e).__name__}); re-export with a smaller --max-seq-len"
+                f"{bundle.path}: cannot allocate the KV buffers ({_kv_gib(m, rows):.1f} GiB for {rows} rows of "
+                f"max_seq_len {m.max_seq_len} on {where}: {type(e).__name__}); re-export with a smaller "
+                "--max-seq-len, or load fewer rows (max_batch)"
             ) from None
         # One IO binding per slot range, its KV rows bound once: rebinding 4 x layers buffers whenever a run's
         # range changed (draft steps, as rows stop drafting) cost ~1 ms of host time per run on 28 layers.
