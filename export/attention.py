@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 MS_DOMAIN = "com.microsoft"
+ATTEND_BUCKET = "attend_bucket"
 FLAVOURS = ("standard", "gqa")
 OPSETS = {"standard": 24, "gqa": 18}
 
@@ -103,6 +104,8 @@ class StandardAttention:
             ]
         else:
             rows = [tensor(g.write_index, T.INT64, ["batch"]), tensor(g.new_tokens, T.INT64, ["batch"])]
+            if g.attend_bucket:
+                rows.append(tensor(g.attend_bucket, T.INT64, [1]))
         return [tensor(g.input_ids, T.INT64, ["batch", "sequence"]), *rows, tensor(g.logits_rows, T.INT64, ["rows"])]
 
     def logits_shape(self, vocab: int) -> list:
@@ -123,7 +126,17 @@ class StandardAttention:
                 dims = b.const("dim3", np.array([3])), b.const("dim4", np.array([4]))
                 return b.op("Slice", [shape, *dims], "attended")
             ends = b.op("Add", [g.write_index, g.new_tokens], "row_ends")
-            return b.op("ReduceMax", [ends, b.const("all_rows", np.array([0]))], "attended", keepdims=1)
+            if not g.attend_bucket:
+                return b.op("ReduceMax", [ends, b.const("all_rows", np.array([0]))], "attended", keepdims=1)
+            # Rounded up to a multiple of the bucket input, at most the buffer's length: a GPU then sees a
+            # few shapes (CUDA graphs, fp16 memory-efficient attention needs T % 4 == 0); the extra slots are
+            # masked like any slot past a row's length.
+            exact = b.op("ReduceMax", [ends, b.const("all_rows", np.array([0]))], "attended_exact", keepdims=1)
+            step = g.attend_bucket
+            less = b.op("Sub", [step, b.const("bucket/one", np.array([1]))], "bucket/less")
+            count = b.op("Div", [b.op("Add", [exact, less], "bucket/up"), step], "bucket/count")
+            rounded = b.op("Mul", [count, step], "bucket/rounded")
+            return b.op("Min", [rounded, b.const("bucket/limit", np.array([dec.max_seq_len]))], "attended")
 
         return self._once("attended", build)
 

@@ -9,7 +9,7 @@ from test_export import VARIANTS
 from transformers import AutoModelForCausalLM
 
 from specrt import open_bundle
-from specrt.runtime.session import ModelSession
+from specrt.runtime.session import ModelSession, SessionOptions
 
 ROWS = 3
 # Steps over three slots: ("run", {slot: new tokens}) or ("rollback", {slot: n}) or ("reset", slot).
@@ -123,12 +123,64 @@ def test_what_crosses_per_run_is_a_few_integers_per_row(standard):
     bundle, _ = standard("mistral")
     model = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
     inputs = {i.name for i in model.graph.input if not i.name.startswith("past_key_values")}
-    assert inputs == {"input_ids", "write_index", "new_tokens", "logits_rows", "top_mode"}
+    assert inputs == {"input_ids", "write_index", "new_tokens", "logits_rows", "top_mode", "attend_bucket"}
     session = ModelSession(open_bundle(bundle), rows=ROWS)
     session.run([0, 1, 2], [[1] * 30, [2] * 20, [3] * 25], [1, 1, 1])  # long contexts first
     sent = session.transfers.to_device
     session.run([0, 2], [[4, 5, 6], [7]], [3, 1])  # slots 0-2 (1 idle), 3 wide, 4 logits rows
-    assert session.transfers.to_device - sent == 8 * (3 * 3 + 3 + 3 + 4 + 1)
+    assert session.transfers.to_device - sent == 8 * (3 * 3 + 3 + 3 + 4 + 1 + 1)
+
+
+@pytest.mark.parametrize("bucket", [7, 64])
+def test_the_attended_length_rounded_up_to_a_bucket_changes_nothing(standard, bucket):
+    """T = max(past + new) rounded up to a multiple of the bucket (a GPU's fixed shapes), at most the
+    buffer's length: the extra slots are masked like any slot past a row's length, so the logits and the
+    greedy picks are those of the exact T, in batched ragged runs and up to the buffer's end."""
+    bundle, _ = standard("qwen2")
+    got = {}
+    for b in (1, bucket):
+        session = ModelSession(open_bundle(bundle), SessionOptions(attend_bucket=b), rows=ROWS)
+        assert int(session.bucket[0]) == b
+        first = session.run([0, 1, 2], [[1] * 9, [2, 3] * 4, [4] * 5], [1, 2, 1])
+        step = session.run_logits([0, 2], [[5, 6, 7], [8]], [3, 1], top=2)
+        end = session.max_len - len(session.kv.rows[1].ids) - 1
+        last = session.run([1], [[9] * end], [1])  # slot 1 filled to one short of the buffer's end
+        got[b] = [*first, *step.rows(), *last], step.tokens
+    (exact, tokens), (rounded, tokens_rounded) = got[1], got[bucket]
+    assert tokens == tokens_rounded
+    for x, y in zip(exact, rounded, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_the_graph_rounds_the_attended_length_up(standard):
+    """The graph's T, read out as an extra output: max(past + new) rounded up to the bucket, at most the
+    buffer's length."""
+    import onnx
+    import onnxruntime as ort
+
+    bundle, _ = standard("qwen2")
+    model = onnx.load(str(bundle / "model.onnx"))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("attended/out", onnx.TensorProto.INT64, [1]))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    g = open_bundle(bundle).manifest
+    kv = {
+        i.name: np.zeros([1, *[d if isinstance(d, int) else 1 for d in i.shape[1:]]], np.float32)
+        for i in session.get_inputs()
+        if i.name.startswith("past_key_values")
+    }
+
+    def attended(past: int, new: int, bucket: int) -> int:
+        feeds = {
+            "input_ids": np.ones((1, new), np.int64),
+            "write_index": np.array([past]),
+            "new_tokens": np.array([new]),
+        }
+        feeds |= {"logits_rows": np.array([new - 1]), "top_mode": np.array([0]), "attend_bucket": np.array([bucket])}
+        return int(session.run(["attended/out"], {**feeds, **kv})[0][0])
+
+    limit = g.max_seq_len
+    assert [attended(10, 3, b) for b in (1, 4, 7, 64)] == [13, 16, 14, min(64, limit)]
+    assert attended(limit - 2, 2, 64) == limit
 
 
 def test_kv_update_is_in_place(zoo, tmp_path):

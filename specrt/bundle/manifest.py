@@ -112,6 +112,9 @@ class GraphSpec:
     top_mode: str = ""
     top_token: str = ""
     top_confidence: str = ""
+    # standard, masks "graph": the input [1] to which the attended length T = max(past + new) is rounded up
+    # (1: exact; a multiple of 64 gives a GPU a small fixed set of shapes); empty in bundles from before it.
+    attend_bucket: str = ""
     past_key: str = "past_key_values.{layer}.key"
     past_value: str = "past_key_values.{layer}.value"
     present_key: str = "present.{layer}.key"
@@ -124,8 +127,8 @@ class GraphSpec:
 
     def inputs(self) -> tuple[str, ...]:
         """The graph's inputs other than the KV buffers."""
-        top = (self.top_mode,) if self.top_mode else ()
-        return (self.input_ids, *(getattr(self, name) for name in FLAVOUR_INPUTS[self.flavour, self.masks]), *top)
+        extra = tuple(name for name in (self.top_mode, self.attend_bucket) if name)
+        return (self.input_ids, *(getattr(self, name) for name in FLAVOUR_INPUTS[self.flavour, self.masks]), *extra)
 
     def kv_names(self, layer: int) -> tuple[str, str, str, str]:
         """(past_key, past_value, present_key, present_value) of one layer."""

@@ -245,5 +245,7 @@ class Chain:
             (g.new_tokens, new_tokens),
             (g.logits_rows, logits_rows),
             (g.top_mode, self.top_mode),
+            (g.attend_bucket, s.bucket),
         ):
-            io.bind_cpu_input(name, array)
+            if name:
+                io.bind_cpu_input(name, array)

@@ -23,6 +23,7 @@ from .chain import Chain
 from .kvcache import KV_TYPES, KVCache
 from .providers import DEVICES, inference_session, misplaced, out_of_memory, placements
 
+GPU_BUCKET = 64  # attend_bucket's default on a GPU
 _TOP_MODES = [np.array([mode], np.int64) for mode in range(3)]  # the graph's top_mode input, by value (never written)
 
 
@@ -52,10 +53,15 @@ class SessionOptions:
     # TF32 in float32 MatMuls on a GPU: faster, but the logits differ from the CPU's (and greedy output may
     # part from target-only decoding's). Off unless asked for.
     tf32: bool = False
+    # The attended length T of a run rounded up to a multiple of this (bundles with the `attend_bucket`
+    # input): 0 picks 1 (exact) on the CPU, where extra slots only cost, and 64 on a GPU (fixed shapes).
+    attend_bucket: int = 0
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise OptionsError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.attend_bucket < 0:
+            raise OptionsError("attend_bucket must be >= 0 (0: 1 on the CPU, 64 on a GPU)")
         if self.intra_op_threads < 0:
             raise OptionsError("thread counts must be >= 0 (0 lets ONNX Runtime choose)")
 
@@ -154,6 +160,8 @@ class ModelSession:
         self._host: dict[int, HostArrays] = {}  # per IO binding (each lives as long as the session)
         # Where the graph's top outputs go when a run does not ask for them.
         self._top_scratch = DeviceBuffer(options.device, options.device_id, self.transfers, np.int64)
+        bucket = options.attend_bucket or (1 if options.device == "cpu" else GPU_BUCKET)
+        self.bucket = np.array([bucket], np.int64)  # the graph's attend_bucket input (bound as it is, never written)
         self.seconds = 0.0  # inside ONNX Runtime (model runs), since load
         self.chained_steps = 0  # draft steps run as a chain (runtime/chain.py), since load
 
@@ -374,9 +382,10 @@ class ModelSession:
                 (g.new_tokens, (b,)),
                 (g.logits_rows, (len(rows_out),)),
             )
-            logits = self._execute(
-                io, {}, len(rows_out), starts, list(keep), top, (parts, flat + past + real + rows_out)
-            )
+            values = flat + past + real + rows_out
+            if g.attend_bucket:
+                parts, values = (*parts, (g.attend_bucket, (1,))), values + [int(self.bucket[0])]
+            logits = self._execute(io, {}, len(rows_out), starts, list(keep), top, (parts, values))
         else:  # a bundle from before: positions [B, S] and the mask [B, 1, S, T] made here
             input_ids = np.array(flat, np.int64).reshape(hi - lo, width)
             start = np.array(past, np.int64)
