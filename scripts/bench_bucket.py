@@ -91,7 +91,6 @@ def main() -> None:
     lines += ["", f"median ratio {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}"]
     md = "\n".join(lines) + "\n"
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
         kit.write_outputs(args.out, "bucket", md, {"command": kit.command_line(), "rows": results})
     else:
         print(md)

@@ -169,7 +169,6 @@ def main() -> None:
         lines.append(f"| {mode} | {o:.2f} | {t:.2f} | {o / t:.2f}x |")
     md = "\n".join(lines) + "\n"
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
         kit.write_outputs(args.out, "host", md, {"command": kit.command_line(), "rows": rows})
     else:
         print(md)

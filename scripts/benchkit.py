@@ -239,6 +239,7 @@ def write_json(path: Path, data) -> None:
 def write_outputs(out: Path, name: str, md: str, data=None, chart: Callable[[Path], None] | None = None) -> None:
     """A run's result files: <out>/<name>.json (data, when given), <out>/<name>.md and, when `chart` is given,
     <out>/<name>.png drawn by chart(path); then the markdown printed."""
+    out.mkdir(parents=True, exist_ok=True)
     if data is not None:
         write_json(out / f"{name}.json", data)
     (out / f"{name}.md").write_text(md)
