@@ -30,9 +30,10 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+import benchkit as kit
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
@@ -154,18 +155,10 @@ def equality(engine, specrt) -> dict:
     return out
 
 
-def _together(engine, prompts, options) -> list:
-    out = [None] * len(prompts)
-
-    def run(i: int) -> None:
-        out[i] = engine.complete(prompts[i], options)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
+def _together(engine, prompts: list[str], options) -> list:
+    """The prompts' generations, run together (one client thread each), in prompt order."""
+    done, _ = kit.run_clients(lambda i: (i, engine.complete(prompts[i], options)), range(len(prompts)), len(prompts))
+    return [g for _, g in sorted(done, key=lambda pair: pair[0])]
 
 
 def steps(path: str, options, reps: int) -> dict:
