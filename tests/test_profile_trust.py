@@ -149,7 +149,9 @@ def test_a_profile_proven_wrong_is_measured_again_when_idle(zoo, tmp_path, loade
         return
     fresh = engine.tuning.steps
     assert fresh is not steps and fresh.wrong() == [] and fresh.profiles[TARGET] == steps.profiles[TARGET]
-    assert fresh.profiles[DRAFT](1, 16) < 3 * true(1, 16), (fresh.profiles[DRAFT], true)
+    # Measured again, not the 10x profile: half of it at most (this step takes ~0.25 ms; one clean-clone run
+    # on this VM measured it 3.1x apart between two moments a minute apart, 2026-12-03).
+    assert fresh.profiles[DRAFT](1, 16) < 0.5 * wrong(1, 16), (fresh.profiles[DRAFT], true)
     stored = CostProfile(**json.loads(path.read_text()))
     assert stored == fresh.profiles[DRAFT]  # the bundle's file now holds the new measurement
     # The engine goes on serving from the new profile.
