@@ -90,10 +90,7 @@ def main() -> None:
     ratios = [r["ratio"] for r in results]
     lines += ["", f"median ratio {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}"]
     md = "\n".join(lines) + "\n"
-    if args.out:
-        kit.write_outputs(args.out, "bucket", md, {"command": kit.command_line(), "rows": results})
-    else:
-        print(md)
+    kit.write_outputs(args.out, "bucket", md, {"command": kit.command_line(), "rows": results})
 
 
 if __name__ == "__main__":

@@ -168,10 +168,7 @@ def main() -> None:
         )
         lines.append(f"| {mode} | {o:.2f} | {t:.2f} | {o / t:.2f}x |")
     md = "\n".join(lines) + "\n"
-    if args.out:
-        kit.write_outputs(args.out, "host", md, {"command": kit.command_line(), "rows": rows})
-    else:
-        print(md)
+    kit.write_outputs(args.out, "host", md, {"command": kit.command_line(), "rows": rows})
 
 
 if __name__ == "__main__":

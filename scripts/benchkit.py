@@ -236,9 +236,12 @@ def write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=1))
 
 
-def write_outputs(out: Path, name: str, md: str, data=None, chart: Callable[[Path], None] | None = None) -> None:
+def write_outputs(out: Path | None, name: str, md: str, data=None, chart: Callable[[Path], None] | None = None) -> None:
     """A run's result files: <out>/<name>.json (data, when given), <out>/<name>.md and, when `chart` is given,
-    <out>/<name>.png drawn by chart(path); then the markdown printed."""
+    <out>/<name>.png drawn by chart(path); then the markdown printed (only that when `out` is None)."""
+    if out is None:
+        print(md)
+        return
     out.mkdir(parents=True, exist_ok=True)
     if data is not None:
         write_json(out / f"{name}.json", data)

@@ -161,7 +161,8 @@ class ModelSession:
         # Where the graph's top outputs go when a run does not ask for them.
         self._top_scratch = DeviceBuffer(options.device, options.device_id, self.transfers, np.int64)
         bucket = options.attend_bucket or (1 if options.device == "cpu" else GPU_BUCKET)
-        self.bucket = np.array([bucket], np.int64)  # the graph's attend_bucket input (bound as it is, never written)
+        self.bucket_size = bucket  # sent with each run's int64 inputs
+        self.bucket = np.array([bucket], np.int64)  # bound as it is by chained steps (never written)
         self.seconds = 0.0  # inside ONNX Runtime (model runs), since load
         self.chained_steps = 0  # draft steps run as a chain (runtime/chain.py), since load
 
@@ -384,7 +385,7 @@ class ModelSession:
             )
             values = flat + past + real + rows_out
             if g.attend_bucket:
-                parts, values = (*parts, (g.attend_bucket, (1,))), values + [int(self.bucket[0])]
+                parts, values = (*parts, (g.attend_bucket, (1,))), values + [self.bucket_size]
             logits = self._execute(io, {}, len(rows_out), starts, list(keep), top, (parts, values))
         else:  # a bundle from before: positions [B, S] and the mask [B, 1, S, T] made here
             input_ids = np.array(flat, np.int64).reshape(hi - lo, width)
