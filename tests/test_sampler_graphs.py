@@ -173,24 +173,32 @@ def _together(engine, prompts, options) -> list:
 
 
 def _in_slot_order(engine, prompts, options) -> list:
-    """As `_together`, but request i admitted to slot i (empty slots are taken lowest first): each request
-    is submitted once the one before holds its slot."""
+    """As `_together`, but request i admitted to slot i: the requests reach an idle engine's inbox together
+    and its scheduler takes them all at once, in order, into the lowest free slots (an admission that waited
+    on timing let a short request finish and free its slot before the last one came)."""
     import threading
     import time
 
-    engine.reset()
-    out = [None] * len(prompts)
+    engine.reset()  # waits for an idle scheduler thread to end
+    deadline = time.monotonic() + 30
+    out = [engine.generate(p, o) for p, o in zip(prompts, options, strict=True)]
+    held = []
     threads = []
-    for i, (prompt, o) in enumerate(zip(prompts, options, strict=True)):
-        g = out[i] = engine.generate(prompt, o)
+    for g in out:
+        g._submit = held.append  # each reader hands its request over here instead of to the engine
         threads.append(threading.Thread(target=g.consume))
         threads[-1].start()
-        deadline = time.monotonic() + 30
-        while g._request.slot is None and time.monotonic() < deadline:  # kept after the slot is released
+        while len(held) < len(threads) and time.monotonic() < deadline:
             time.sleep(0.0005)
-        assert g._request.slot == i, f"request {i} was admitted to slot {g._request.slot}"
+    assert [r is g._request for r, g in zip(held, out, strict=True)] == [True] * len(out)
+    with engine._lock:  # no scheduler thread runs (checked above): nothing drains the inbox meanwhile
+        assert engine._thread is None
+        for r in held[:-1]:
+            engine._inbox.put(r)
+    engine._submit(held[-1])  # starts the scheduler, which takes all of them in one drain
     for t in threads:
         t.join()
+    assert [g._request.slot for g in out] == list(range(len(out)))  # a slot is kept after release
     return out
 
 
