@@ -202,6 +202,27 @@ def speed(engine, specrt) -> dict:
     return out
 
 
+def apart(engine, specrt, target: str, draft: str, device: str) -> dict:
+    """The draft on the CPU, the target on the device (`draft_device`): greedy output equal to the shared
+    engine's target-only output, ids alone crossing between the two; a seeded sampled run crosses the drafted
+    positions' q (its tokens against the shared engine's: a figure, as the two devices may round q apart)."""
+    split = specrt.load(target, draft, device=device, draft_device="cpu", max_batch=4)
+    greedy = specrt.GenerationOptions(max_new_tokens=24, num_draft_tokens=3)
+    plain = specrt.GenerationOptions(max_new_tokens=24, num_draft_tokens=0)
+    sampled = specrt.GenerationOptions(max_new_tokens=24, num_draft_tokens=3, temperature=0.8, top_k=40, seed=3)
+    g = split.complete(PROMPT, greedy)
+    out = {"greedy_equal": g.token_ids == engine.complete(PROMPT, plain).token_ids, "drafted": g.stats.drafted}
+    out["greedy_bytes_across"] = split.stats["bytes_across_devices"]
+    s = split.complete(PROMPT, sampled)
+    out["sampled_equal_to_shared"] = s.token_ids == engine.complete(PROMPT, sampled).token_ids
+    out["sampled_bytes_across_per_drafted"] = (split.stats["bytes_across_devices"] - out["greedy_bytes_across"]) / max(
+        s.stats.drafted, 1
+    )
+    if not (out["greedy_equal"] and out["drafted"] and out["greedy_bytes_across"] == 0):
+        raise AssertionError(f"a draft apart parted from target-only, drafted nothing, or crossed more than ids: {out}")
+    return out
+
+
 def check_pair(check: Check, label: str, target: str, draft: str, args, options) -> None:
     """Load the pair on the device (the placement check), then equality, step times and speed."""
     import specrt
@@ -217,6 +238,7 @@ def check_pair(check: Check, label: str, target: str, draft: str, args, options)
         check.section(f"equality_{label}", lambda: equality(engine[0], specrt))
         check.section(f"steps_{label}", lambda: steps(target, options, args.reps))
         check.section(f"speed_{label}", lambda: speed(engine[0], specrt))
+        check.section(f"apart_{label}", lambda: apart(engine[0], specrt, target, draft, args.device))
 
 
 def main() -> None:

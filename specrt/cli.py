@@ -35,6 +35,7 @@ def _load(kw: dict, max_batch: int = 1):
         threads=kw.pop("threads"),
         draft_threads=kw.pop("draft_threads"),
         device=kw.pop("device"),
+        draft_device=kw.pop("draft_device"),
         tf32=kw.pop("tf32"),
         spinning=kw.pop("spinning"),
         ngram="ngram" in drafts,

@@ -37,6 +37,12 @@ def engine_options(f):
             ),
             click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
             click.option(
+                "--draft-device",
+                default=None,
+                help="Run the draft apart, on this device (cpu, cuda or cuda:N): the models exchange token ids "
+                "(and a sampled verification the drafts' q) [default: --device, shared].",
+            ),
+            click.option(
                 "--tf32",
                 is_flag=True,
                 help="Let a GPU use TF32 in float32 MatMuls (faster; output may part from target-only decoding).",

@@ -77,6 +77,7 @@ class Engine:
         max_batch: int = 1,
         prefill_chunk: int = 128,
         sampler: str = "auto",
+        draft_apart: bool = False,
     ):
         if sampler not in ("auto", *PATHS):
             raise OptionsError(f"sampler must be 'auto', 'graph' or 'host'; got {sampler!r}")
@@ -100,7 +101,14 @@ class Engine:
             else None
         )
         self.ngram = NgramDrafter() if ngram else None
-        self.decider = self._decider(sampler, target_bundle, session_options, draft_options if draft_bundle else None)
+        # Apart: the draft on a device of its own (or asked to run as if: the same exchange on one CPU).
+        apart = draft_apart or (draft_options.device, draft_options.device_id) != (
+            session_options.device,
+            session_options.device_id,
+        )
+        self.decider = self._decider(
+            sampler, target_bundle, session_options, draft_options if draft_bundle else None, apart
+        )
         runner = Runner(self.target, self.draft, self.decider)
         self.scheduler = Scheduler(runner, max_batch, prefill_chunk, self._prepare)
         # Learned across generations, deliberately (see Tuning): the step costs are built at the first auto-k
@@ -114,18 +122,16 @@ class Engine:
         self._stopping = False  # set at interpreter exit: no more rounds
         _ENGINES.add(self)
 
-    def _decider(self, sampler: str, bundle, options: SessionOptions, draft_options: SessionOptions | None):
-        """The sampler graphs on the target's device (q stays there, so the draft must run on the same one),
-        else numpy on the host: for bundles exported before the graphs existed, or when asked."""
-        same_device = draft_options is None or (draft_options.device, draft_options.device_id) == (
-            options.device,
-            options.device_id,
-        )
-        if sampler == "host" or (sampler == "auto" and not (has_samplers(bundle) and same_device)):
+    def _decider(self, sampler: str, bundle, options: SessionOptions, draft_options: SessionOptions | None, apart):
+        """The sampler graphs on the target's device, and on the draft's where it runs apart (a device of its
+        own, or asked for: `load(draft_device=...)`), else numpy on the host: for bundles exported before the
+        graphs existed, or when asked."""
+        if sampler == "host" or (sampler == "auto" and not has_samplers(bundle)):
             return HostDecider()
-        if not same_device:
-            raise OptionsError("sampler 'graph' needs the draft on the target's device; use sampler='host'")
-        return GraphDecider(GraphSampler(bundle, options, self.max_batch, self.transfers))
+        target = GraphSampler(bundle, options, self.max_batch, self.transfers)
+        if draft_options is None or not apart:
+            return GraphDecider(target)
+        return GraphDecider(target, GraphSampler(bundle, draft_options, self.max_batch, self.transfers))
 
     # ------------------------------------------------------------------ the scheduler thread
 
@@ -186,6 +192,7 @@ class Engine:
             "sampler": self.decider.name,
             "bytes_to_host": self.transfers.to_host,
             "bytes_to_device": self.transfers.to_device,
+            "bytes_across_devices": self.transfers.across,
         }
 
     def cancel_all(self) -> None:
@@ -364,6 +371,7 @@ def load(
     *,
     threads: int = 0,
     device: str = "cpu",
+    draft_device: str | None = None,
     draft_threads: int | None = None,
     spinning: bool = True,
     ngram: bool = False,
@@ -379,7 +387,10 @@ def load(
     (bundles of the standard graph; each row is a KV slot of max_seq_len positions in each model).
     sampler: where draft tokens are picked and drafts verified: "graph" (the bundle's sampler graphs, on the
     device the logits are on: only ids cross), "host" (numpy on logits read back), "auto" (graph when the
-    bundle has the graphs). device: "cpu", "cuda" or "cuda:N"; tf32=True lets a GPU use TF32 in float32
+    bundle has the graphs). device: "cpu", "cuda" or "cuda:N"; draft_device: the draft's, when it is to run
+    apart (a CPU draft beside a GPU target, or two GPUs): each model's sampler graphs then run on its own
+    device and the two exchange token ids, plus, for a sampled verification, the verified rows' q (vocabulary
+    floats per drafted position), never logits; tf32=True lets a GPU use TF32 in float32
     MatMuls (faster; the logits then differ from the CPU's, and greedy output may part from target-only
     decoding's).
 
@@ -390,6 +401,8 @@ def load(
     verify takes 62 ms spinning during runs, 67 ms without spinning, 96 ms spinning throughout).
     """
     name, device_id = parse_device(device)
+    if draft_device is not None and draft is None:
+        raise OptionsError("draft_device is set but no draft bundle is loaded; pass a draft or drop draft_device")
     opts = SessionOptions(
         device=name,
         device_id=device_id,
@@ -399,4 +412,17 @@ def load(
         tf32=tf32,
     )
     draft_opts = replace(opts, intra_op_threads=threads if draft_threads is None else draft_threads)
-    return Engine(target, draft, opts, draft_opts, ngram=ngram, verify=verify, max_batch=max_batch, sampler=sampler)
+    if draft_device is not None:
+        draft_name, draft_id = parse_device(draft_device, "draft_device")
+        draft_opts = replace(draft_opts, device=draft_name, device_id=draft_id)
+    return Engine(
+        target,
+        draft,
+        opts,
+        draft_opts,
+        ngram=ngram,
+        verify=verify,
+        max_batch=max_batch,
+        sampler=sampler,
+        draft_apart=draft_device is not None,
+    )

@@ -4,7 +4,8 @@
   (and the draft's confidences) its model runs computed beside their logits (`top`: no run after the
   model's, the acceptance a prefix comparison of a few ids); any other round runs the bundle's sampler graphs
   (specrt.runtime.sampler): the host sends settings, drafted ids and uniforms, and reads back ids, accepted
-  counts and confidences.
+  counts and confidences. A draft on a device of its own picks with a sampler there; a sampled
+  verification on the target's device then reads the verified slots' q from it.
 - `HostDecider` reads the logits back into numpy and runs the reference maths (specrt.decoding.speculative):
   the path for bundles exported before the sampler graphs, and the reference the graphs are tested against.
 Both draw each request's uniforms from its own generator in the same order (decoding.speculative's
@@ -88,16 +89,20 @@ class HostDecider:
 class GraphDecider:
     name = "graph"
 
-    def __init__(self, sampler: GraphSampler) -> None:
+    def __init__(self, sampler: GraphSampler, draft_sampler: GraphSampler | None = None) -> None:
+        """sampler: on the target's device (verifications); draft_sampler: on the draft's, where it has a
+        device of its own (picks; it keeps the round's q), else the same one."""
         self.sampler = sampler
+        self.draft_sampler = draft_sampler or sampler
 
     @property
     def seconds(self) -> float:
         """Inside ONNX Runtime (the sampler graphs), since load."""
-        return self.sampler.seconds
+        apart = self.draft_sampler is not self.sampler
+        return self.sampler.seconds + (self.draft_sampler.seconds if apart else 0.0)
 
     def begin_round(self, max_k: int, vocab: int) -> None:
-        self.sampler.ensure_steps(max_k, vocab)
+        self.draft_sampler.ensure_steps(max_k, vocab)
 
     def top(self, rows: list[Request], draft: bool) -> int:
         """What a model run over `rows` should compute beside its logits (ModelSession.run_logits' `top`):
@@ -110,7 +115,7 @@ class GraphDecider:
         slot, some sampled; None: idle), or None where the graphs cannot chain them (top-p; all greedy: those
         chain on the model's own picks)."""
         s = settings(rows)
-        return None if s is None else self.sampler.chain_picks(lo, hi, s)
+        return None if s is None else self.draft_sampler.chain_picks(lo, hi, s)
 
     def uniforms(self, rows: list[Request | None], steps: int) -> np.ndarray:
         """The draft uniforms of the next `steps` steps [steps, rows], each row's drawn from its own generator
@@ -125,7 +130,7 @@ class GraphDecider:
             return list(logits.tokens), list(logits.confidences)
         s = settings(rows)
         u = None if s is None else np.array([draft_uniform(r.options, r.rng) or 0.0 for r in rows], np.float32)
-        tokens, confidences = self.sampler.pick(logits, s, u, [r.slot for r in rows], step)
+        tokens, confidences = self.draft_sampler.pick(logits, s, u, [r.slot for r in rows], step)
         return tokens.tolist(), confidences.tolist()
 
     def verify(
@@ -148,5 +153,10 @@ class GraphDecider:
                 u = verify_uniforms(r.options, r.rng, len(d))
                 if u is not None:
                     u_accept[i, : len(d)], u_final[i] = u[:-1], u[-1]
-        n, nxt = self.sampler.verify(logits, drafted, s, lookup, [r.slot for r in rows], u_accept, u_final)
+        slots = [r.slot for r in rows]
+        q = None
+        if self.draft_sampler is not self.sampler and s is not None:  # the draft's q, on its own device
+            self.draft_sampler.ensure_steps(1, logits.vocab)  # a request's first token: no round yet
+            q = self.draft_sampler.q_rows(min(slots), max(slots) + 1)
+        n, nxt = self.sampler.verify(logits, drafted, s, lookup, slots, u_accept, u_final, q)
         return list(zip(n.tolist(), nxt.tolist(), strict=True))

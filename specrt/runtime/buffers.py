@@ -96,12 +96,18 @@ class Transfers:
 
     to_device: int = 0
     to_host: int = 0
+    # Between the draft's device and the target's, when each has its own (`--draft-device`): what a sampled
+    # verification reads of the draft's q. Counted wherever the two are apart, on one CPU too.
+    across: int = 0
 
     def sent(self, *arrays: np.ndarray) -> None:
         self.to_device += sum(a.nbytes for a in arrays)
 
     def received(self, *arrays: np.ndarray) -> None:
         self.to_host += sum(a.nbytes for a in arrays)
+
+    def crossed(self, nbytes: int) -> None:
+        self.across += nbytes
 
 
 class DeviceBuffer:
@@ -141,14 +147,16 @@ class DeviceBuffer:
         self.reserve(math.prod(shape))
         self._bind(io, name, tuple(shape), io.bind_output)
 
-    def bind_input(self, io, name: str, shape: tuple[int, ...]) -> None:
-        self._bind(io, name, tuple(shape), io.bind_input)
+    def bind_input(self, io, name: str, shape: tuple[int, ...], offset: int = 0) -> None:
+        """Bound from element `offset` on: a session on another device copies just that region in (ONNX
+        Runtime copies an input bound on a device other than its nodes' before the run)."""
+        self._bind(io, name, tuple(shape), io.bind_input, offset)
 
-    def _bind(self, io, name: str, shape: tuple[int, ...], bind) -> None:
+    def _bind(self, io, name: str, shape: tuple[int, ...], bind, offset: int = 0) -> None:
         """Bind unless `io` already has this buffer, at its current address, with this shape under `name`:
         binding costs host time on every run, and the same binding is asked for run after run."""
         entry = self._bound.get((id(io), name))
-        ptr = self._ptr
+        ptr = self._ptr + offset * self.dtype.itemsize
         if entry is not None and entry[0] is io and entry[1:] == (shape, ptr):
             return
         bind(name, self.device, self.device_id, self.dtype, list(shape), ptr)

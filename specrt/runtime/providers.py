@@ -54,11 +54,11 @@ COMPUTE_OPS = frozenset(
 )
 
 
-def parse_device(text: str) -> tuple[str, int]:
-    """'cpu', 'cuda' or 'cuda:N' -> (device, device id)."""
+def parse_device(text: str, what: str = "device") -> tuple[str, int]:
+    """'cpu', 'cuda' or 'cuda:N' -> (device, device id); `what` names the setting in the error."""
     name, colon, index = str(text).partition(":")
     if name not in DEVICES or (name == "cpu" and colon) or (colon and not index.isdigit()):
-        raise OptionsError(f"device {text!r} is not cpu, cuda or cuda:N (N: the GPU's index, 0, 1, ...)")
+        raise OptionsError(f"{what} {text!r} is not cpu, cuda or cuda:N (N: the GPU's index, 0, 1, ...)")
     return name, int(index or 0)
 
 

@@ -1,12 +1,14 @@
 """The bundle's sampler graphs in ONNX Runtime: draft picks and verification on the device the logits are on.
 
 `GraphSampler` runs the four graphs the exporter writes into every bundle (specrt/export/sampler.py says what
-each computes) on the target session's device, reading the logits from the buffer the model run left them
+each computes) on a model session's device, reading the logits from the buffer the model run left them
 in. The draft's warped distributions q stay there too, in `q_store` [slots, steps, vocab] (one row per KV
 slot, one entry per draft position), written in place by each sampled pick and read by the sampled
 verification. What the host sends is O(rows x k) settings, ids and uniforms; what it reads back is ids,
-accepted counts and the draft's confidences. This module runs graphs; the uniforms, and what the numbers
-mean for a request, are the engine's business.
+accepted counts and the draft's confidences. A draft on a device of its own has a sampler of its own
+there; the target's sampled verification then reads the verified slots' q from it (`QRows`: one block,
+copied device to device by ONNX Runtime), the only thing besides ids that crosses. This module runs graphs;
+the uniforms, and what the numbers mean for a request, are the engine's business.
 """
 
 from __future__ import annotations
@@ -55,6 +57,20 @@ class Settings:
         s = per_position or self
         out = {"temperature": s.temperature}
         return out | ({"top_k": s.top_k, "top_p": s.top_p} if self.filtered else {})
+
+
+@dataclass(frozen=True)
+class QRows:
+    """Slots [lo, lo + shape[0]) of a sampler's q_store: the region a verification on another device reads
+    (one contiguous block: [slots, steps, vocab] is slot-major)."""
+
+    buffer: DeviceBuffer
+    lo: int
+    shape: tuple[int, int, int]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * 4
 
 
 @functools.cache
@@ -132,10 +148,22 @@ class GraphSampler:
     def _q_shape(self) -> tuple[int, int, int]:
         return self.slots, self.steps, self.vocab
 
-    def _run(self, name: str, logits: Logits, inputs: dict[str, np.ndarray], outputs: dict[str, tuple]):
+    def q_rows(self, lo: int, hi: int) -> QRows:
+        """The q of slots [lo, hi), for a verification by the sampler of another device (`verify`'s q)."""
+        return QRows(self.q_store, lo, (hi - lo, self.steps, self.vocab))
+
+    def _run(
+        self,
+        name: str,
+        logits: Logits,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, tuple],
+        q: QRows | None = None,
+    ):
         """Run graph `name` on `logits` with the host `inputs`; `outputs` names each output's (dtype, shape).
         Returns the outputs as fresh host arrays. The output arrays are bound once per shape (binding costs
-        host time on every run); the device buffers skip a binding they already have themselves."""
+        host time on every run); the device buffers skip a binding they already have themselves. q: the
+        q_store region a verification reads instead of this sampler's own (another device's)."""
         pooled = int(logits.positions * logits.vocab > POOLED_FROM)
         io = self._io[name][pooled]
         host = self._host.get((name, pooled)) or self._host.setdefault((name, pooled), HostArrays(io))
@@ -143,7 +171,10 @@ class GraphSampler:
             host.set(key, array)
         self.transfers.sent(*inputs.values())
         logits.buffer.bind_input(io, "logits", logits.shape)  # device buffers rebind only when changed
-        if name not in ("pick_greedy", "verify_greedy"):
+        if q is not None:  # read across: ONNX Runtime copies the region to this session's device each run
+            q.buffer.bind_input(io, "q_store", q.shape, q.lo * q.shape[1] * q.shape[2])
+            self.transfers.crossed(q.nbytes)
+        elif name not in ("pick_greedy", "verify_greedy"):
             self.q_store.bind_input(io, "q_store", self._q_shape())
         if name.startswith("pick_") and name != "pick_greedy":  # the same buffer as output: ScatterND writes
             self.q_store.bind_output(io, "q_store_out", self._q_shape())
@@ -155,13 +186,15 @@ class GraphSampler:
         self.transfers.received(*out.values())
         return out
 
-    def _widening(self, name: str, logits: Logits, inputs: dict, outputs: dict) -> dict[str, np.ndarray]:
+    def _widening(
+        self, name: str, logits: Logits, inputs: dict, outputs: dict, q: QRows | None = None
+    ) -> dict[str, np.ndarray]:
         """Run; while a row's top-p mass lies beyond the candidates, run again with eight times as many."""
         if "short" not in outputs:  # no top-p in this run
-            return self._run(name, logits, inputs, outputs)
+            return self._run(name, logits, inputs, outputs, q)
         candidates = CANDIDATES
         while True:
-            got = self._run(name, logits, {**inputs, "candidates": np.array([candidates], np.int64)}, outputs)
+            got = self._run(name, logits, {**inputs, "candidates": np.array([candidates], np.int64)}, outputs, q)
             if not got["short"].any() or candidates >= logits.vocab:
                 return got
             candidates *= 8
@@ -214,10 +247,12 @@ class GraphSampler:
         slots: list[int],
         u_accept: np.ndarray | None,
         u_final: np.ndarray | None,
+        q: QRows | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per row (accepted drafts, next token) from the target's verify logits: row i's k_i + 1 positions
-        start at logits.starts[i]; its model drafts' q are at q_store[slots[i], 0..k_i). settings None:
-        every row is greedy (no uniforms)."""
+        start at logits.starts[i]; its model drafts' q are at q_store[slots[i], 0..k_i), or, given q (the
+        draft's sampler on another device), at q's [slots[i] - q.lo, 0..k_i). settings None: every row is
+        greedy (no uniforms)."""
         rows = len(drafted)
         k = max(1, max(len(d) for d in drafted))  # a [R, 0] tensor is avoided: padding is never read
         inputs = {
@@ -230,17 +265,18 @@ class GraphSampler:
         if settings is None or settings.greedy.all():
             got = self._run("verify_greedy", logits, inputs, outputs)
             return got["accepted"], got["next"]
-        self.ensure_steps(1, logits.vocab)
+        if q is None:
+            self.ensure_steps(1, logits.vocab)
         inputs |= settings.inputs(settings.repeat(logits.keep)) | {
             "greedy": settings.greedy,
             "lookup": np.array(lookup, np.bool_),
-            "q_slot": np.array(slots, np.int64),
+            "q_slot": np.array(slots, np.int64) - (0 if q is None else q.lo),
             "u_accept": np.ascontiguousarray(u_accept[:, :k], np.float32),
             "u_final": u_final.astype(np.float32),
         }
         if settings.filtered:
             outputs["short"] = (np.bool_, (logits.positions,))
-        got = self._widening("verify_filtered" if settings.filtered else "verify_sampled", logits, inputs, outputs)
+        got = self._widening("verify_filtered" if settings.filtered else "verify_sampled", logits, inputs, outputs, q)
         return got["accepted"], got["next"]
 
 
