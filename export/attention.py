@@ -220,8 +220,8 @@ class StandardAttention:
             k = b.op("RotaryEmbedding", [b.rms_norm(k, k_weight, eps, f"{n}/k_norm"), *rope], f"{n}/rope_k")
         past_k, past_v, present_k, present_v = g.kv_names(i)
         # The scatter is each past buffer's only reader: ONNX Runtime writes into the bound buffer in place.
-        b.op("TensorScatter", [past_k, k, g.write_index], f"{n}/write_k", n_out=[present_k], axis=2)
-        b.op("TensorScatter", [past_v, v, g.write_index], f"{n}/write_v", n_out=[present_v], axis=2)
+        b.op("TensorScatter", [past_k, k, g.write_index], f"{n}/write_k", n_out=[present_k], axis=-2)
+        b.op("TensorScatter", [past_v, v, g.write_index], f"{n}/write_v", n_out=[present_v], axis=-2)
         zero, axis = b.const(f"{n}/zero", np.array([0])), b.const(f"{n}/seq_axis", np.array([2]))
         keys = b.op("Slice", [present_k, zero, self._attended(dec), axis], f"{n}/keys")
         values = b.op("Slice", [present_v, zero, self._attended(dec), axis], f"{n}/values")

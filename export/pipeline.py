@@ -21,6 +21,7 @@ from .progress import Progress
 from .sampler import FOLDER as SAMPLER_FOLDER
 from .sampler import write_samplers
 from .source import Checkpoint, HFCheckpoint
+from .tensorrt import check_file as check_tensorrt
 
 QUANT_METHODS = {"none": None, "int8": 8, "int4": 4, "native": None}
 LM_HEAD_FORMATS = ("quantized", "int8", "int4", "fp32")
@@ -234,6 +235,7 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
             )
         if native_log:
             quant = replace(quant, tensors=native_log)
+        tensorrt = check_tensorrt(out / graph.model_file)
         manifest = Manifest(
             name=options.name or (ckpt.path.stem if ckpt.path.is_file() else ckpt.path.name),
             role=options.role,
@@ -244,6 +246,7 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
             dtype=options.dtype,
             quantization=quant,
             graph=graph,
+            tensorrt=tensorrt,
             tokenizer=tokenizer,
             versions={
                 "specrt": __version__,

@@ -35,11 +35,16 @@ def engine_options(f):
                 help="Draft bundle folder, or 'ngram' for prompt lookup; repeat to combine (auto k: the drafter "
                 "promising more drafts each round; fixed k: n-gram first).",
             ),
-            click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
+            click.option(
+                "--device",
+                default="cpu",
+                show_default=True,
+                help="cpu, cuda[:N], or tensorrt[:N] (a TensorRT-ready bundle: specrt inspect says).",
+            ),
             click.option(
                 "--draft-device",
                 default=None,
-                help="Run the draft apart, on this device (cpu, cuda or cuda:N): the models exchange token ids "
+                help="Run the draft apart, on this device (cpu, cuda[:N], tensorrt[:N]): the models exchange token ids "
                 "(and a sampled verification the drafts' q) [default: --device, shared].",
             ),
             click.option(

@@ -35,7 +35,15 @@ def test_the_device_check_runs_on_the_cpu(tmp_path):
     report = _run(tmp_path, "--device", "cpu", "--reps", "2")
     sections = report["sections"]
     assert [k for k, v in sections.items() if not v.get("ok")] == [], sections
-    assert set(sections) >= {"machine", "bundles", "parity", "placement_tiny", "equality_tiny", "steps_tiny", "apart_tiny"}
+    assert set(sections) >= {
+        "machine",
+        "bundles",
+        "parity",
+        "placement_tiny",
+        "equality_tiny",
+        "steps_tiny",
+        "apart_tiny",
+    }
     assert sections["parity"]["target-fp32"]["top1_agreement"] == 1.0
     assert sections["equality_tiny"]["drafted"] > 0
     assert sections["apart_tiny"]["sampled_equal_to_shared"]  # one CPU: the same q either way

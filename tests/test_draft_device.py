@@ -79,7 +79,7 @@ def test_a_broken_exchange_is_caught(engines, monkeypatch):
 
 
 def test_a_draft_device_is_checked(zoo):
-    with pytest.raises(OptionsError, match="draft_device 'gpu' is not cpu, cuda or cuda:N"):
+    with pytest.raises(OptionsError, match="draft_device 'gpu' is not cpu, cuda, cuda:N, tensorrt or tensorrt:N"):
         specrt.load(zoo.target(), zoo.noisy_draft(), draft_device="gpu")
     with pytest.raises(OptionsError, match="draft_device is set but no draft bundle is loaded"):
         specrt.load(zoo.target(), draft_device="cpu")
@@ -89,7 +89,7 @@ def test_the_cli_takes_a_draft_device(capsys, zoo):
     args = ["generate", "--target", zoo.target(), "--draft", zoo.noisy_draft(), "--prompt", "def f(x):"]
     args += ["--max-new-tokens", "4", "--no-stream"]
     code, _, err = run_cli(capsys, *args, "--draft-device", "tpu")
-    assert_one_line_error(code, err, "draft_device 'tpu' is not cpu, cuda or cuda:N")
+    assert_one_line_error(code, err, "draft_device 'tpu' is not cpu, cuda, cuda:N, tensorrt or tensorrt:N")
     from specrt.cli import main
 
     main([str(a) for a in args] + ["--draft-device", "cpu", "--json"])

@@ -155,8 +155,8 @@ def test_empty_prompt(capsys, zoo):
         ("--max-new-tokens", "0", "max_new_tokens must be an integer >= 1"),
         ("--seed", "-5", "seed must be an integer >= 0"),
         ("--temperature", "hot", "'hot' is not a valid float"),
-        ("--device", "gpu", "device 'gpu' is not cpu, cuda or cuda:N"),
-        ("--device", "cuda:x", "device 'cuda:x' is not cpu, cuda or cuda:N"),
+        ("--device", "gpu", "device 'gpu' is not cpu, cuda, cuda:N, tensorrt or tensorrt:N"),
+        ("--device", "cuda:x", "device 'cuda:x' is not cpu, cuda, cuda:N, tensorrt or tensorrt:N"),
         ("--device", "cuda:1", "needs CUDAExecutionProvider, which this onnxruntime lacks"),
     ],
 )

@@ -13,8 +13,9 @@ def test_devices_are_parsed_and_bad_ones_refused():
     assert P.parse_device("cpu") == ("cpu", 0)
     assert P.parse_device("cuda") == ("cuda", 0)
     assert P.parse_device("cuda:3") == ("cuda", 3)
-    for bad in ("gpu", "cuda:", "cuda:x", "cuda:-1", "cpu:1", "tensorrt"):
-        with pytest.raises(OptionsError, match="cpu, cuda or cuda:N"):
+    assert P.parse_device("tensorrt:1") == ("tensorrt", 1)
+    for bad in ("gpu", "cuda:", "cuda:x", "cuda:-1", "cpu:1", "trt"):
+        with pytest.raises(OptionsError, match="cpu, cuda, cuda:N, tensorrt or tensorrt:N"):
             P.parse_device(bad)
 
 

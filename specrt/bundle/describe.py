@@ -47,6 +47,11 @@ def describe(path: Path, m: Manifest) -> str:
         f"source        {m.source.path} ({m.source.format}, sha256 {m.source.weights_sha256[:16]})",
         "versions      " + ", ".join(f"{k} {v}" for k, v in m.versions.items()),
     ]
+    if m.tensorrt is None:
+        trt = "unknown (exported before the check: re-export to know)"
+    else:
+        trt = "no: " + "; ".join(m.tensorrt) if m.tensorrt else "yes (--device tensorrt)"
+    lines.append(f"TensorRT-ready {trt}")
     v = m.validation
     if v is None:
         lines.append("validation    not run (exported with --no-validate)")

@@ -193,6 +193,9 @@ class Manifest:
     versions: dict[str, str]
     validation: Validation | None = None
     files: list[FileRecord] = field(default_factory=list)  # every file of the bundle but the manifest itself
+    # Why TensorRT's ONNX parser would refuse the model graph (export/tensorrt.py): [] when it takes it; None
+    # in bundles exported before the check.
+    tensorrt: list[str] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -387,12 +387,13 @@ def load(
     (bundles of the standard graph; each row is a KV slot of max_seq_len positions in each model).
     sampler: where draft tokens are picked and drafts verified: "graph" (the bundle's sampler graphs, on the
     device the logits are on: only ids cross), "host" (numpy on logits read back), "auto" (graph when the
-    bundle has the graphs). device: "cpu", "cuda" or "cuda:N"; draft_device: the draft's, when it is to run
-    apart (a CPU draft beside a GPU target, or two GPUs): each model's sampler graphs then run on its own
-    device and the two exchange token ids, plus, for a sampled verification, the verified rows' q (vocabulary
-    floats per drafted position), never logits; tf32=True lets a GPU use TF32 in float32
-    MatMuls (faster; the logits then differ from the CPU's, and greedy output may part from target-only
-    decoding's).
+    bundle has the graphs). device: "cpu", "cuda[:N]" or "tensorrt[:N]" (the model graphs on ONNX Runtime's
+    TensorRT provider, the sampler graphs on CUDA; bundles `specrt inspect` calls TensorRT-ready).
+    draft_device: the draft's, when it is to run apart (a CPU draft beside a GPU target, or two GPUs): each
+    model's sampler graphs then run on its own device and the two exchange token ids, plus, for a sampled
+    verification, the verified rows' q (vocabulary floats per drafted position), never logits. tf32=True lets
+    a GPU use TF32 in float32 MatMuls (faster; the logits then differ from the CPU's, and greedy output may
+    part from target-only decoding's).
 
     spinning=True lets ONNX Runtime's worker threads spin while a run waits for work (they sleep otherwise,
     and waking them costs at every parallel section). With a draft loaded they stop spinning as soon as a
@@ -404,8 +405,9 @@ def load(
     if draft_device is not None and draft is None:
         raise OptionsError("draft_device is set but no draft bundle is loaded; pass a draft or drop draft_device")
     opts = SessionOptions(
-        device=name,
+        device="cuda" if name == "tensorrt" else name,
         device_id=device_id,
+        tensorrt=name == "tensorrt",
         intra_op_threads=threads,
         allow_spinning=spinning,
         spin_between_runs=draft is None,
@@ -414,7 +416,8 @@ def load(
     draft_opts = replace(opts, intra_op_threads=threads if draft_threads is None else draft_threads)
     if draft_device is not None:
         draft_name, draft_id = parse_device(draft_device, "draft_device")
-        draft_opts = replace(draft_opts, device=draft_name, device_id=draft_id)
+        trt = draft_name == "tensorrt"
+        draft_opts = replace(draft_opts, device="cuda" if trt else draft_name, device_id=draft_id, tensorrt=trt)
     return Engine(
         target,
         draft,

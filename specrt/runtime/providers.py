@@ -23,8 +23,8 @@ from collections.abc import Iterable
 
 from ..errors import OptionsError
 
-CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
-DEVICES = {"cpu": CPU, "cuda": CUDA}
+CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+DEVICES = {"cpu": CPU, "cuda": CUDA}  # where buffers live; TensorRT runs on a CUDA device
 # Provider options a given onnxruntime-gpu may not know: dropped, and the load tried again, when it refuses one.
 OPTIONAL = ("enable_cudnn",)
 
@@ -55,16 +55,21 @@ COMPUTE_OPS = frozenset(
 
 
 def parse_device(text: str, what: str = "device") -> tuple[str, int]:
-    """'cpu', 'cuda' or 'cuda:N' -> (device, device id); `what` names the setting in the error."""
+    """'cpu', 'cuda[:N]' or 'tensorrt[:N]' -> (device, device id); `what` names the setting in the error."""
     name, colon, index = str(text).partition(":")
-    if name not in DEVICES or (name == "cpu" and colon) or (colon and not index.isdigit()):
-        raise OptionsError(f"{what} {text!r} is not cpu, cuda or cuda:N (N: the GPU's index, 0, 1, ...)")
+    if name not in (*DEVICES, "tensorrt") or (name == "cpu" and colon) or (colon and not index.isdigit()):
+        raise OptionsError(
+            f"{what} {text!r} is not cpu, cuda, cuda:N, tensorrt or tensorrt:N (N: the GPU's index, 0, 1, ...)"
+        )
     return name, int(index or 0)
 
 
-def provider_list(device: str, device_id: int = 0, tf32: bool = False) -> list[tuple[str, dict[str, str]]]:
+def provider_list(
+    device: str, device_id: int = 0, tf32: bool = False, tensorrt: dict[str, str] | None = None
+) -> list[tuple[str, dict[str, str]]]:
     """ONNX Runtime's `providers` argument: the device's provider with its options, then the CPU's (which
-    takes nothing `misplaced` would refuse, only shape computations)."""
+    takes nothing `misplaced` would refuse, only shape computations). tensorrt: the TensorRT provider's
+    options (specrt/runtime/tensorrt.py), first, with CUDA behind it for what TensorRT does not take."""
     if device == "cpu":
         return [(CPU, {})]
     options = {
@@ -73,7 +78,7 @@ def provider_list(device: str, device_id: int = 0, tf32: bool = False) -> list[t
         "use_tf32": "1" if tf32 else "0",
         "enable_cudnn": "0",
     }
-    return [(DEVICES[device], options), (CPU, {})]
+    return [*([(TENSORRT, tensorrt)] if tensorrt is not None else []), (DEVICES[device], options), (CPU, {})]
 
 
 def without_option(providers: list[tuple[str, dict[str, str]]], message: str):
@@ -84,14 +89,14 @@ def without_option(providers: list[tuple[str, dict[str, str]]], message: str):
     return None
 
 
-def inference_session(model, so, device: str, device_id: int = 0, tf32: bool = False):
+def inference_session(model, so, device: str, device_id: int = 0, tf32: bool = False, tensorrt=None):
     """An ONNX Runtime session of `model` on the device (with `session_entries` added to `so`); an optional
     provider option this onnxruntime refuses is dropped and the load tried again."""
     import onnxruntime as ort
 
     for key, value in session_entries(device).items():
         so.add_session_config_entry(key, value)
-    providers = provider_list(device, device_id, tf32)
+    providers = provider_list(device, device_id, tf32, tensorrt)
     while True:
         try:
             return ort.InferenceSession(model, so, providers=providers)

@@ -18,10 +18,11 @@ import numpy as np
 
 from ..bundle.loading import Bundle
 from ..errors import BundleError, OptionsError
+from . import tensorrt as trt
 from .buffers import DeviceBuffer, HostArrays, Logits, Transfers
 from .chain import Chain
 from .kvcache import KV_TYPES, KVCache
-from .providers import DEVICES, inference_session, misplaced, out_of_memory, placements
+from .providers import DEVICES, TENSORRT, inference_session, misplaced, out_of_memory, placements
 
 GPU_BUCKET = 64  # attend_bucket's default on a GPU
 _TOP_MODES = [np.array([mode], np.int64) for mode in range(3)]  # the graph's top_mode input, by value (never written)
@@ -56,10 +57,14 @@ class SessionOptions:
     # The attended length T of a run rounded up to a multiple of this (bundles with the `attend_bucket`
     # input): 0 picks 1 (exact) on the CPU, where extra slots only cost, and 64 on a GPU (fixed shapes).
     attend_bucket: int = 0
+    # The model graph on ONNX Runtime's TensorRT provider (device "cuda": buffers and sampler graphs there).
+    tensorrt: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise OptionsError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.tensorrt and self.device != "cuda":
+            raise OptionsError("TensorRT runs on a CUDA device: tensorrt=True needs device 'cuda'")
         if self.attend_bucket < 0:
             raise OptionsError("attend_bucket must be >= 0 (0: 1 on the CPU, 64 on a GPU)")
         if self.intra_op_threads < 0:
@@ -89,11 +94,18 @@ class ModelSession:
                 f"{bundle.path}: a bf16 bundle needs a GPU (ONNX Runtime's CPU provider has no bfloat16 kernels); "
                 "run it with --device cuda, or export the model with --dtype fp16 for the CPU"
             )
-        provider = DEVICES[options.device]
+        trt_options = None
+        if options.tensorrt:
+            why = trt.refusal(bundle)
+            if why:
+                raise BundleError(why)
+            trt_options = trt.options(bundle, options.device_id, rows)
+        provider = TENSORRT if options.tensorrt else DEVICES[options.device]
         available = ort.get_available_providers()
         if provider not in available:
+            asked = "tensorrt" if options.tensorrt else options.device
             raise OptionsError(
-                f"device {options.device!r} needs {provider}, which this onnxruntime lacks "
+                f"device {asked!r} needs {provider}, which this onnxruntime lacks "
                 f"(has {', '.join(available)}); install onnxruntime-gpu: pip install 'specrt[gpu]'"
             )
         so = ort.SessionOptions()
@@ -108,7 +120,7 @@ class ModelSession:
         where = f"{options.device}:{options.device_id}"
         try:
             self.session = inference_session(
-                str(bundle.model_path), so, options.device, options.device_id, options.tf32
+                str(bundle.model_path), so, options.device, options.device_id, options.tf32, trt_options
             )
         except Exception as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
