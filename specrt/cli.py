@@ -37,6 +37,7 @@ def _load(kw: dict, max_batch: int = 1):
         device=kw.pop("device"),
         draft_device=kw.pop("draft_device"),
         tf32=kw.pop("tf32"),
+        cuda_graphs=kw.pop("cuda_graphs"),
         spinning=kw.pop("spinning"),
         ngram="ngram" in drafts,
         max_batch=max_batch,

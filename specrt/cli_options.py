@@ -48,6 +48,11 @@ def engine_options(f):
                 "(and a sampled verification the drafts' q) [default: --device, shared].",
             ),
             click.option(
+                "--cuda-graphs",
+                is_flag=True,
+                help="Replay decode and verify runs as CUDA graphs (--device cuda; a few padded shapes).",
+            ),
+            click.option(
                 "--tf32",
                 is_flag=True,
                 help="Let a GPU use TF32 in float32 MatMuls (faster; output may part from target-only decoding).",

@@ -379,6 +379,7 @@ def load(
     max_batch: int = 1,
     sampler: str = "auto",
     tf32: bool = False,
+    cuda_graphs: bool = False,
 ) -> Engine:
     """Load bundles for generation. threads=0 lets ONNX Runtime choose; ngram=True adds prompt-lookup
     drafting (alone, or beside the draft model: with auto k the one promising more tokens/s drafts each round).
@@ -393,7 +394,8 @@ def load(
     model's sampler graphs then run on its own device and the two exchange token ids, plus, for a sampled
     verification, the verified rows' q (vocabulary floats per drafted position), never logits. tf32=True lets
     a GPU use TF32 in float32 MatMuls (faster; the logits then differ from the CPU's, and greedy output may
-    part from target-only decoding's).
+    part from target-only decoding's). cuda_graphs=True (a GPU) pads decode and verify runs to a few shapes
+    replayed as CUDA graphs (specrt/runtime/cudagraphs.py).
 
     spinning=True lets ONNX Runtime's worker threads spin while a run waits for work (they sleep otherwise,
     and waking them costs at every parallel section). With a draft loaded they stop spinning as soon as a
@@ -404,10 +406,13 @@ def load(
     name, device_id = parse_device(device)
     if draft_device is not None and draft is None:
         raise OptionsError("draft_device is set but no draft bundle is loaded; pass a draft or drop draft_device")
+    if cuda_graphs and name != "cuda":
+        raise OptionsError(f"CUDA graphs need device cuda[:N], not {device!r}; drop cuda_graphs (--cuda-graphs)")
     opts = SessionOptions(
         device="cuda" if name == "tensorrt" else name,
         device_id=device_id,
         tensorrt=name == "tensorrt",
+        cuda_graphs=cuda_graphs,
         intra_op_threads=threads,
         allow_spinning=spinning,
         spin_between_runs=draft is None,
@@ -418,6 +423,7 @@ def load(
         draft_name, draft_id = parse_device(draft_device, "draft_device")
         trt = draft_name == "tensorrt"
         draft_opts = replace(draft_opts, device="cuda" if trt else draft_name, device_id=draft_id, tensorrt=trt)
+        draft_opts = replace(draft_opts, cuda_graphs=cuda_graphs and draft_opts.device == "cuda" and not trt)
     return Engine(
         target,
         draft,

@@ -130,11 +130,11 @@ class Chain:
         ios = [io for io, _ in self._ios[max(j - 1, 0) : j + n - 1]]  # step positions j.. (1.. after the first)
         if j == 0:
             ios.insert(0, self._first[self._width][0])
-        run = s.session.run_with_iobinding
+        run, options = s.session.run_with_iobinding, s.run_options
         if self.picks is None:
             t0 = time.perf_counter()
             for io in ios:  # nothing else between two runs: the caches a run flushed are not touched
-                run(io)
+                run(io, options)
             s.seconds += time.perf_counter() - t0
         else:
             self._run_sampled(ios, j, uniforms)
@@ -214,11 +214,11 @@ class Chain:
             raise ValueError(f"a sampled chain's {n} steps need uniforms [{n}, {self.hi - self.lo}]")
         picks.uniforms[j : j + n] = uniforms
         s.transfers.to_device += uniforms.size * 4
-        run, pick = s.session.run_with_iobinding, picks.session.run_with_iobinding
+        run, pick, options = s.session.run_with_iobinding, picks.session.run_with_iobinding, s.run_options
         model = sampler = 0.0
         for i, io in enumerate(ios):
             t0 = time.perf_counter()
-            run(io)
+            run(io, options)
             t1 = time.perf_counter()
             pick(picks.binding(j + i))
             sampler += time.perf_counter() - t1

@@ -65,11 +65,16 @@ def parse_device(text: str, what: str = "device") -> tuple[str, int]:
 
 
 def provider_list(
-    device: str, device_id: int = 0, tf32: bool = False, tensorrt: dict[str, str] | None = None
+    device: str,
+    device_id: int = 0,
+    tf32: bool = False,
+    tensorrt: dict[str, str] | None = None,
+    cuda_graph: bool = False,
 ) -> list[tuple[str, dict[str, str]]]:
     """ONNX Runtime's `providers` argument: the device's provider with its options, then the CPU's (which
     takes nothing `misplaced` would refuse, only shape computations). tensorrt: the TensorRT provider's
-    options (specrt/runtime/tensorrt.py), first, with CUDA behind it for what TensorRT does not take."""
+    options (specrt/runtime/tensorrt.py), first, with CUDA behind it for what TensorRT does not take.
+    cuda_graph: CUDA graphs captured per run option gpu_graph_id (runtime/cudagraphs.py)."""
     if device == "cpu":
         return [(CPU, {})]
     options = {
@@ -77,6 +82,7 @@ def provider_list(
         "arena_extend_strategy": "kSameAsRequested",
         "use_tf32": "1" if tf32 else "0",
         "enable_cudnn": "0",
+        **({"enable_cuda_graph": "1"} if cuda_graph else {}),
     }
     return [*([(TENSORRT, tensorrt)] if tensorrt is not None else []), (DEVICES[device], options), (CPU, {})]
 
@@ -89,14 +95,16 @@ def without_option(providers: list[tuple[str, dict[str, str]]], message: str):
     return None
 
 
-def inference_session(model, so, device: str, device_id: int = 0, tf32: bool = False, tensorrt=None):
+def inference_session(
+    model, so, device: str, device_id: int = 0, tf32: bool = False, tensorrt=None, cuda_graph: bool = False
+):
     """An ONNX Runtime session of `model` on the device (with `session_entries` added to `so`); an optional
     provider option this onnxruntime refuses is dropped and the load tried again."""
     import onnxruntime as ort
 
     for key, value in session_entries(device).items():
         so.add_session_config_entry(key, value)
-    providers = provider_list(device, device_id, tf32, tensorrt)
+    providers = provider_list(device, device_id, tf32, tensorrt, cuda_graph)
     while True:
         try:
             return ort.InferenceSession(model, so, providers=providers)

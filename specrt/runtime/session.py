@@ -21,6 +21,7 @@ from ..errors import BundleError, OptionsError
 from . import tensorrt as trt
 from .buffers import DeviceBuffer, HostArrays, Logits, Transfers
 from .chain import Chain
+from .cudagraphs import MAX_WIDTH, CudaGraphs
 from .kvcache import KV_TYPES, KVCache
 from .providers import DEVICES, TENSORRT, inference_session, misplaced, out_of_memory, placements
 
@@ -59,6 +60,8 @@ class SessionOptions:
     attend_bucket: int = 0
     # The model graph on ONNX Runtime's TensorRT provider (device "cuda": buffers and sampler graphs there).
     tensorrt: bool = False
+    # Decode and verify runs padded to a few shapes and replayed as CUDA graphs (runtime/cudagraphs.py).
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -119,8 +122,9 @@ class ModelSession:
         so.log_severity_level = 3
         where = f"{options.device}:{options.device_id}"
         try:
+            o = options
             self.session = inference_session(
-                str(bundle.model_path), so, options.device, options.device_id, options.tf32, trt_options
+                str(bundle.model_path), so, o.device, o.device_id, o.tf32, trt_options, o.cuda_graphs
             )
         except Exception as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
@@ -177,6 +181,23 @@ class ModelSession:
         self.bucket = np.array([bucket], np.int64)  # bound as it is by chained steps (never written)
         self.seconds = 0.0  # inside ONNX Runtime (model runs), since load
         self.chained_steps = 0  # draft steps run as a chain (runtime/chain.py), since load
+        self.graphs: CudaGraphs | None = None
+        self.run_options = None  # every run's but a captured shape's (ONNX Runtime's default)
+        if options.cuda_graphs:
+            if g.flavour != "standard" or g.masks != "graph" or not g.attend_bucket:
+                raise OptionsError(
+                    f"{bundle.path}: CUDA graphs need a bundle of the standard graph with the attend bucket "
+                    "input; re-export it"
+                )
+            self.graphs = CudaGraphs(self, MAX_WIDTH)
+            self.run_options = ort.RunOptions()
+            self.run_options.add_run_config_entry("gpu_graph_id", "-1")  # not 0: that would capture
+
+    def timed_run(self, io, run_options=None) -> float:
+        """One run of the bound graph; its seconds."""
+        t0 = time.perf_counter()
+        self.session.run_with_iobinding(io, run_options if run_options is not None else self.run_options)
+        return time.perf_counter() - t0
 
     def _bind_rows(self, lo: int, hi: int):
         """The IO binding with slots [lo, hi) of every layer's buffers bound as both the past input and the
@@ -284,9 +305,7 @@ class ModelSession:
         if ints is not None:
             self.transfers.sent(host.set_int64(*ints))
         self.logits.bind_output(io, g.logits, self._logits_shape(positions))
-        t0 = time.perf_counter()
-        self.session.run_with_iobinding(io)
-        self.seconds += time.perf_counter() - t0
+        self.seconds += self.timed_run(io)
         logits = Logits(self.logits, positions, self.vocab_size, starts, keep)
         if g.top_mode and top:
             self.transfers.received(tokens, confidences)
@@ -385,6 +404,12 @@ class ModelSession:
             flat[r * width : r * width + n] = x
             rows_out.extend(range(r * width + n - k, r * width + n))
         g = self.graph
+        if self.graphs is not None:  # a captured shape's run, or None: it runs as usual
+            logits = self.graphs.run(list(slots), list(ids), list(keep), top)
+            if logits is not None:
+                for slot, x in zip(slots, ids, strict=True):
+                    self.kv.rows[slot].advance(x)
+                return logits
         io = self._bind_rows(lo, hi)
         starts = [0, *itertools.accumulate(keep)][:-1]
         if g.masks == "graph":  # the graph builds positions and the causal mask from these: O(B) integers
