@@ -25,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 MS_DOMAIN = "com.microsoft"
-ATTEND_BUCKET = "attend_bucket"
+ATTEND_BUCKET = "attend_bucket"  # bundles of 2026-12-03: T rounded up inside the graph to this input's multiple
+ATTEND_LENGTH = "attend_length"  # T itself, from the host
 FLAVOURS = ("standard", "gqa")
 OPSETS = {"standard": 24, "gqa": 18}
 
@@ -104,8 +105,9 @@ class StandardAttention:
             ]
         else:
             rows = [tensor(g.write_index, T.INT64, ["batch"]), tensor(g.new_tokens, T.INT64, ["batch"])]
-            if g.attend_bucket:
-                rows.append(tensor(g.attend_bucket, T.INT64, [1]))
+            for name in (g.attend_length, g.attend_bucket):
+                if name:
+                    rows.append(tensor(name, T.INT64, [1]))
         return [tensor(g.input_ids, T.INT64, ["batch", "sequence"]), *rows, tensor(g.logits_rows, T.INT64, ["rows"])]
 
     def logits_shape(self, vocab: int) -> list:
@@ -117,8 +119,13 @@ class StandardAttention:
         return self._shared[name]
 
     def _attended(self, dec) -> str:
-        """T [1]: how many slots the batch's longest row attends to after this run, max(past + new)."""
+        """T [1]: how many slots the batch's longest row attends to after this run, at least max(past + new)."""
         b, g = dec.b, dec.g
+        if g.attend_length:
+            # Sent by the host (which knows every row's length): no shape here depends on data on the device,
+            # so a GPU run reads nothing back while it runs (CUDA graphs capture it; TensorRT sees a shape
+            # input). Slots past a row's length are masked, so any T from max(past + new) up is exact.
+            return g.attend_length
 
         def build() -> str:
             if self.masks == "runtime":  # the mask's last dimension

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..bundle.manifest import DTYPES, Architecture, GraphSpec, Quantization
 from .archs import ArchSpec
-from .attention import ATTEND_BUCKET, MS_DOMAIN, OPSETS, flavour
+from .attention import ATTEND_BUCKET, ATTEND_LENGTH, MS_DOMAIN, OPSETS, flavour
 from .native import Blocks, NBits, describe, layout_key, to_nbits
 from .progress import Progress
 from .source import Checkpoint
@@ -195,9 +195,14 @@ def build_graph(
     from onnx import helper, save_model
 
     attention = "Attention" if graph == "standard" else f"{MS_DOMAIN}.GroupQueryAttention"
-    g = GraphSpec(opset=OPSETS[graph], flavour=graph, attention=attention, masks=masks, kv_dtype=DTYPES[dtype])
+    # masks "bucket": the form of bundles exported before the runtime sent T (the graph rounded it up from the
+    # write positions); kept for the tests of the runtime's support for them.
+    spec_masks = "graph" if masks == "bucket" else masks
+    g = GraphSpec(opset=OPSETS[graph], flavour=graph, attention=attention, masks=spec_masks, kv_dtype=DTYPES[dtype])
     g = replace(g, top_mode=TOP_MODE, top_token=TOP_TOKEN, top_confidence=TOP_CONFIDENCE)
     if graph == "standard" and masks == "graph":
+        g = replace(g, attend_length=ATTEND_LENGTH)
+    elif graph == "standard" and masks == "bucket":
         g = replace(g, attend_bucket=ATTEND_BUCKET)
     data = ExternalData(out_dir / g.data_file)
     decoder = _Decoder(GraphBuilder(data, quant, g.opset, dtype), ckpt, spec, arch, g, max_seq_len)

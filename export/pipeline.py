@@ -86,8 +86,8 @@ class ExportOptions:
             object.__setattr__(self, "weights", "qdq" if self.graph == "standard" else "nbits")
         if self.weights not in ("nbits", "qdq"):
             raise ExportError(f"weights {self.weights!r} is not one of nbits, qdq")
-        if self.masks not in ("graph", "runtime"):
-            raise ExportError(f"masks {self.masks!r} is not one of graph, runtime")
+        if self.masks not in ("graph", "bucket", "runtime"):
+            raise ExportError(f"masks {self.masks!r} is not one of graph, bucket, runtime")
         if self.lm_head not in LM_HEAD_FORMATS:
             raise ExportError(f"lm_head {self.lm_head!r} is not one of {', '.join(LM_HEAD_FORMATS)}")
         if self.max_seq_len is not None and self.max_seq_len < 32:

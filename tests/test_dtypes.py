@@ -189,7 +189,7 @@ def test_bf16_graph_holds_bf16_and_runs_in_the_onnx_reference(bf16, variant):
             "new_tokens": np.array([len(new)]),
             "logits_rows": np.arange(len(new)),
             "top_mode": np.array([1]),
-            "attend_bucket": np.array([1]),
+            "attend_length": np.array([past + len(new)]),
             **kv,
         }
         out = dict(zip([o.name for o in model.graph.output], evaluator.run(None, feeds), strict=True))

@@ -123,7 +123,7 @@ def test_what_crosses_per_run_is_a_few_integers_per_row(standard):
     bundle, _ = standard("mistral")
     model = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
     inputs = {i.name for i in model.graph.input if not i.name.startswith("past_key_values")}
-    assert inputs == {"input_ids", "write_index", "new_tokens", "logits_rows", "top_mode", "attend_bucket"}
+    assert inputs == {"input_ids", "write_index", "new_tokens", "logits_rows", "top_mode", "attend_length"}
     session = ModelSession(open_bundle(bundle), rows=ROWS)
     session.run([0, 1, 2], [[1] * 30, [2] * 20, [3] * 25], [1, 1, 1])  # long contexts first
     sent = session.transfers.to_device
@@ -152,17 +152,21 @@ def test_the_attended_length_rounded_up_to_a_bucket_changes_nothing(standard, bu
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
 
 
-def test_the_graph_rounds_the_attended_length_up(standard):
-    """The graph's T, read out as an extra output: max(past + new) rounded up to the bucket, at most the
-    buffer's length."""
+def test_bundles_that_round_the_attended_length_themselves_still_run(standard, zoo):
+    """Bundles exported before the runtime sent T computed it from the write positions and rounded it up to
+    their `attend_bucket` input: read out as an extra output, then run by the runtime, whose logits are the
+    new bundle's."""
     import onnx
     import onnxruntime as ort
 
     bundle, _ = standard("qwen2")
-    model = onnx.load(str(bundle / "model.onnx"))
+    legacy = zoo.bundle("standard-qwen2-bucket", "parity-qwen2", graph="standard", masks="bucket")
+    g = open_bundle(legacy).manifest.graph
+    assert g.attend_bucket == "attend_bucket" and not g.attend_length
+    model = onnx.load(str(legacy / "model.onnx"))
     model.graph.output.append(onnx.helper.make_tensor_value_info("attended/out", onnx.TensorProto.INT64, [1]))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    g = open_bundle(bundle).manifest
+    limit = open_bundle(legacy).manifest.max_seq_len
     kv = {
         i.name: np.zeros([1, *[d if isinstance(d, int) else 1 for d in i.shape[1:]]], np.float32)
         for i in session.get_inputs()
@@ -178,9 +182,33 @@ def test_the_graph_rounds_the_attended_length_up(standard):
         feeds |= {"logits_rows": np.array([new - 1]), "top_mode": np.array([0]), "attend_bucket": np.array([bucket])}
         return int(session.run(["attended/out"], {**feeds, **kv})[0][0])
 
-    limit = g.max_seq_len
     assert [attended(10, 3, b) for b in (1, 4, 7, 64)] == [13, 16, 14, min(64, limit)]
     assert attended(limit - 2, 2, 64) == limit
+    runs = []
+    for path in (bundle, legacy):
+        s = ModelSession(open_bundle(path), SessionOptions(attend_bucket=64), rows=ROWS)
+        runs.append([*s.run([0, 2], [[1] * 9, [4] * 5], [2, 1]), *s.run([0, 1], [[5], [6, 7]], [1, 2])])
+    for x, y in zip(*runs, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_the_runtime_sends_the_attended_length(standard):
+    """T is an input: the longest row's end after the run, rounded up to the bucket, at most the buffer."""
+    bundle, _ = standard("qwen2")
+    sent = []
+    session = ModelSession(open_bundle(bundle), SessionOptions(attend_bucket=16), rows=ROWS)
+    real = session._execute
+
+    def execute(io, inputs, positions, starts, keep, top, ints=None):
+        assert ints[0][-1][0] == "attend_length"
+        sent.append(ints[1][-1])
+        return real(io, inputs, positions, starts, keep, top, ints)
+
+    session._execute = execute
+    session.run([0, 2], [[1] * 9, [4] * 5], [1, 1])  # ends 9 and 5 (slot 1 idle: 0)
+    session.run([1], [[3] * 20], [1])  # ends 20
+    assert sent == [16, 32]
+    assert session.attend(session.max_len - 1) == session.max_len
 
 
 def test_kv_update_is_in_place(zoo, tmp_path):
@@ -255,8 +283,8 @@ def test_quantized_standard_bundles_build_and_run(zoo, standard, quant, weights,
 def test_chained_steps_equal_separate_runs(standard):
     """Draft steps chained on the device (the first fed 1-2 ids per row, each later one the previous step's
     greedy pick, bound in place) give the tokens, probabilities and slot contents of separate runs fed those
-    tokens from the host; after the first step a chained step sends only its write positions, and each
-    reads back 12 B per row."""
+    tokens from the host; after the first step a chained step sends only its write positions and its T, and
+    each reads back 12 B per row."""
     bundle, _ = standard("qwen2")
     feeds = [[5, 9], [6], [7, 8]]  # ragged: the ids each draft slot lacks
     runs = {}
@@ -271,7 +299,7 @@ def test_chained_steps_equal_separate_runs(standard):
             for n in (1, 3, 1):  # one step, three back to back (past the 3 bound at start), one
                 tokens, confidences = chain.run(n)
                 got += list(zip(tokens, confidences, strict=True))
-            assert session.transfers.to_device - sent == 4 * 8 * ROWS
+            assert session.transfers.to_device - sent == 4 * 8 * (ROWS + 1)
             assert session.transfers.to_host - received == 5 * 12 * ROWS
             assert session.chained_steps == 5
         else:

@@ -115,6 +115,9 @@ class GraphSpec:
     # standard, masks "graph": the input [1] to which the attended length T = max(past + new) is rounded up
     # (1: exact; a multiple of 64 gives a GPU a small fixed set of shapes); empty in bundles from before it.
     attend_bucket: str = ""
+    # standard, masks "graph": the input [1] that IS T, sent by the runtime (>= max(past + new): rounded up
+    # to its bucket); empty in bundles from before it (which compute T themselves, rounded to attend_bucket).
+    attend_length: str = ""
     past_key: str = "past_key_values.{layer}.key"
     past_value: str = "past_key_values.{layer}.value"
     present_key: str = "present.{layer}.key"
@@ -127,7 +130,7 @@ class GraphSpec:
 
     def inputs(self) -> tuple[str, ...]:
         """The graph's inputs other than the KV buffers."""
-        extra = tuple(name for name in (self.top_mode, self.attend_bucket) if name)
+        extra = tuple(name for name in (self.top_mode, self.attend_bucket, self.attend_length) if name)
         return (self.input_ids, *(getattr(self, name) for name in FLAVOUR_INPUTS[self.flavour, self.masks]), *extra)
 
     def kv_names(self, layer: int) -> tuple[str, str, str, str]:

@@ -51,7 +51,8 @@ class Chain:
         self.top_mode = np.array([_TOP_BOTH], np.int64)
         # The host inputs of a chain, one int64 array written with one numpy call per chain (each call right
         # after a model run costs 10-40 us): [first step's ids [rows, w] (room for w = FEED) | write positions
-        # | counts | logits rows | write positions of step positions 1, 2, ... (a row of `rows` each)].
+        # | counts | logits rows | T | per step position 1, 2, ...: its write positions (a row of `rows`) and
+        # its T (the attended length, for graphs that take it from the host)].
         self._host = np.zeros(0, np.int64)
         self._host_at = 0  # its address (numpy's is slow to ask for)
         # The first step per width w (1 or 2 ids per row) and each later step position j >= 1: its IO binding
@@ -103,11 +104,17 @@ class Chain:
         values += past
         values += counts
         values += [r * width + c - 1 for r, c in enumerate(counts)]  # each row's last fed position
+        values.append(self._attend(0))
         for j in range(ready):  # step position j + 1 writes one position past the one before
             values += [p + j for p in self._past]
+            values.append(self._attend(j + 1))
         self._host[: len(values)] = values
         self._ready = ready
-        self.session.transfers.to_device += 8 * rows * (width + 3)  # the first step's inputs (later: per run)
+        self.session.transfers.to_device += 8 * (rows * (width + 3) + 1)  # the first step's (later: per run)
+
+    def _attend(self, j: int) -> int:
+        """Step position j's T: every row's end after it (j >= 1 writes one position past the one before)."""
+        return self.session.attend(max(self._past) + j)
 
     @property
     def drafting(self) -> int:
@@ -139,7 +146,7 @@ class Chain:
         else:
             self._run_sampled(ios, j, uniforms)
         s.chained_steps += n
-        s.transfers.to_device += 8 * rows * (n - (j == 0))  # each later step's write positions
+        s.transfers.to_device += 8 * (rows + 1) * (n - (j == 0))  # each later step's write positions and T
         tokens = self.tokens.read((n, rows), j * rows)
         confidences = self.confidences.read((n, rows), j * rows)
         if self.live is not None:  # the drafting rows' columns only
@@ -161,10 +168,15 @@ class Chain:
     def _extend(self, steps: int) -> None:
         """Step positions up to `steps` bound and given their write positions, past those made ready."""
         self._bind(steps)
-        rows, base = self.hi - self.lo, (self.hi - self.lo) * (FEED + 3)
-        writes = self._host[base:].reshape(-1, rows)
-        writes[self._ready : steps] = np.array(self._past) + np.arange(self._ready, steps)[:, None]
+        rows = self.hi - self.lo
+        blocks = self._host[self._base() :].reshape(-1, rows + 1)
+        blocks[self._ready : steps, :rows] = np.array(self._past) + np.arange(self._ready, steps)[:, None]
+        blocks[self._ready : steps, rows] = [self._attend(j + 1) for j in range(self._ready, steps)]
         self._ready = steps
+
+    def _base(self) -> int:
+        """Where the later step positions' blocks start in the host array."""
+        return (self.hi - self.lo) * (FEED + 3) + 1
 
     def _bind(self, steps: int) -> None:
         """Token and confidence rows 0..steps exist, the first step (this chain's width) writes row 0, and step
@@ -178,19 +190,22 @@ class Chain:
             self.confidences.allocate(2 * (steps + 1) * rows)
             if kept is not None and kept.size:
                 self.tokens.write(0, kept)
-        if rows * (FEED + 3 + steps) > self._host.size:  # grown likewise, its contents kept
-            grown = np.zeros(rows * (FEED + 3 + max(steps, 2 * (self._host.size // rows - FEED - 3))), np.int64)
+        base = self._base()
+        if base + steps * (rows + 1) > self._host.size:  # grown likewise, its contents kept
+            had = max(self._host.size - base, 0) // (rows + 1)
+            grown = np.zeros(base + max(steps, 2 * had) * (rows + 1), np.int64)
             grown[: self._host.size] = self._host
             self._host, self._host_at = grown, grown.ctypes.data
         shape = s._logits_shape(rows)
         s.logits.reserve(rows * s.vocab_size)
         at = (self.tokens.ptr, self.confidences.ptr, self._host_at, s.logits.ptr)
-        host, width, base = self._host, self._width, rows * (FEED + 3)
+        host, width = self._host, self._width
         io, bound_at = self._first.get(width) or (s._new_binding(self.lo, self.hi), None)
         if bound_at != at:
             w, f = rows * width, rows * FEED
             ids = host[:w].reshape(rows, width)
-            self._bind_step(io, 0, [ids, host[f : f + rows], host[f + rows : f + 2 * rows], host[f + 2 * rows : base]])
+            first = [host[f + i * rows : f + (i + 1) * rows] for i in range(3)]  # writes, counts, logits rows
+            self._bind_step(io, 0, [ids, *first, host[base - 1 : base]])
             s.logits.bind_output(io, s.graph.logits, shape)
         self._first[width] = (io, at)
         while len(self._ios) < steps:
@@ -198,8 +213,9 @@ class Chain:
         for j in range(1, steps + 1):
             io, bound_at = self._ios[j - 1]
             if bound_at != at:
-                writes = host[base + (j - 1) * rows : base + j * rows]
-                self._bind_step(io, j, [None, writes, self.ones, self.arange])
+                at_j = base + (j - 1) * (rows + 1)
+                writes, attend = host[at_j : at_j + rows], host[at_j + rows : at_j + rows + 1]
+                self._bind_step(io, j, [None, writes, self.ones, self.arange, attend])
                 s.logits.bind_output(io, s.graph.logits, shape)
                 self._ios[j - 1] = (io, at)
         if self.picks is not None:  # after the logits' binding: it may have grown the buffer
@@ -233,7 +249,7 @@ class Chain:
         g, opts = s.graph, s.options
         dev, dev_id = opts.device, opts.device_id
         tokens, confidences = self.tokens.ptr, self.confidences.ptr
-        ids, write_index, new_tokens, logits_rows = inputs
+        ids, write_index, new_tokens, logits_rows, attend = inputs
         if j:
             io.bind_input(g.input_ids, dev, dev_id, np.int64, [rows, 1], tokens + 8 * rows * (j - 1))
         else:
@@ -246,6 +262,7 @@ class Chain:
             (g.logits_rows, logits_rows),
             (g.top_mode, self.top_mode),
             (g.attend_bucket, s.bucket),
+            (g.attend_length, attend),
         ):
             if name:
                 io.bind_cpu_input(name, array)

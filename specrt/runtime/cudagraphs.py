@@ -8,12 +8,13 @@ no host work per kernel. A run that may replay a graph therefore has
 - the same shapes (`Shape`): its rows are the slots [0, rows) for a batch bucket rows = 1, 2, 4, ... (slots
   that do not run this time run idle, as in any batched run), its width 1 (a decode step) or `max_width`
   (a verify pass: k_max + 1, shorter rows padded), its attended length T a power of two of at least 64
-  (sent as the run's attend bucket, so the graph rounds T up to exactly that), and all rows x width logits
+  (sent as the run's `attend_length`), and all rows x width logits
   positions (the real ones first, in the order every run has; the rest repeat the last and are never read);
   `top` (what the run computes beside its logits) picks a branch of the graph, so it is part of the shape;
-- the same addresses: its int64 inputs (ids, write positions, new-token counts, logits rows, attend bucket)
-  written from the host into one device buffer per shape, bound at fixed offsets; the KV slots of [0, rows)
-  (fixed since load); the logits and the greedy picks in buffers sized for the largest shape at the start.
+- the same addresses: its int64 inputs (ids, write positions, new-token counts, logits rows) written from
+  the host into one device buffer per shape, bound at fixed offsets; the KV slots of [0, rows) (fixed since
+  load); the logits and the greedy picks in buffers sized for the largest shape at the start. T itself
+  (`attend_length`) and `top_mode` stay in host memory, as the graph's shape computations read them there.
 A run wider than the verify bucket (a prefill chunk), or one whose padding would write past the end of a
 slot, runs as usual (`gpu_graph_id` -1), as does every run of a shape past the cap (each graph keeps device
 memory for its kernels' intermediates). Every other run of the session passes -1 too: the default id 0
@@ -21,9 +22,7 @@ would capture whatever ran first.
 
 The CPU provider ignores the graph ids and runs the padded runs as they are: that is how the bookkeeping
 and the padding are tested here (tests/test_cuda_graphs.py: tokens equal to unpadded runs, ids and buffer
-addresses per shape, the cap). Whether ONNX Runtime captures this graph at all has never been tried: its T is
-computed from the write positions inside the graph, which the CUDA provider reads on the host for the
-slices it sizes (a copy from the device that a capture cannot hold) -- docs/gpu.md says what to measure.
+addresses per shape, the cap). No capture has run: docs/gpu.md says what to measure on a GPU.
 """
 
 from __future__ import annotations
@@ -89,7 +88,6 @@ class Captured:
             (g.write_index, (rows,)),
             (g.new_tokens, (rows,)),
             (g.logits_rows, (rows * width,)),
-            (g.attend_bucket, (1,)),
         ]
         size = sum(int(np.prod(p)) for _, p in self.parts)
         self.inputs = DeviceBuffer(s.options.device, s.options.device_id, s.transfers, np.int64)
@@ -98,6 +96,10 @@ class Captured:
         for name, part in self.parts:
             self.inputs.bind_input(self.io, name, part, at)
             at += int(np.prod(part))
+        # T on the host: the slices and ranges it sizes read it there, so nothing is copied back from the device
+        # while the graph is captured; a replay keeps the captured T, which is the shape's.
+        self.attend = np.array([shape.attend], np.int64)
+        self.io.bind_cpu_input(g.attend_length, self.attend)
         positions = rows * width
         graphs.logits.bind_output(self.io, g.logits, (positions, s.vocab_size))
         if g.top_mode:
@@ -158,7 +160,7 @@ class CudaGraphs:
             real[slot] = len(x)
             out.extend(range(slot * width + len(x) - k, slot * width + len(x)))
         padded = out + [out[-1]] * (rows * width - len(out))
-        c.inputs.write(0, flat + lengths[:rows] + real + padded + [shape.attend])
+        c.inputs.write(0, flat + lengths[:rows] + real + padded)
         s.seconds += s.timed_run(c.io, c.run_options)
         c.runs += 1
         starts = [0, *np.cumsum(keep).tolist()][:-1]

@@ -184,14 +184,19 @@ class ModelSession:
         self.graphs: CudaGraphs | None = None
         self.run_options = None  # every run's but a captured shape's (ONNX Runtime's default)
         if options.cuda_graphs:
-            if g.flavour != "standard" or g.masks != "graph" or not g.attend_bucket:
+            if g.flavour != "standard" or g.masks != "graph" or not g.attend_length:
                 raise OptionsError(
-                    f"{bundle.path}: CUDA graphs need a bundle of the standard graph with the attend bucket "
-                    "input; re-export it"
+                    f"{bundle.path}: CUDA graphs need a bundle of the standard graph whose attended length the "
+                    "runtime sends (attend_length); re-export it"
                 )
             self.graphs = CudaGraphs(self, MAX_WIDTH)
             self.run_options = ort.RunOptions()
             self.run_options.add_run_config_entry("gpu_graph_id", "-1")  # not 0: that would capture
+
+    def attend(self, total: int) -> int:
+        """T for a run whose longest row ends at `total`: rounded up to the bucket, at most the buffer."""
+        b = self.bucket_size
+        return min(self.kv.max_len, -(-total // b) * b)
 
     def timed_run(self, io, run_options=None) -> float:
         """One run of the bound graph; its seconds."""
@@ -421,7 +426,10 @@ class ModelSession:
                 (g.logits_rows, (len(rows_out),)),
             )
             values = flat + past + real + rows_out
-            if g.attend_bucket:
+            if g.attend_length:  # T itself: the longest row's end, rounded up to the bucket
+                total = max(p + n for p, n in zip(past, real, strict=True))
+                parts, values = (*parts, (g.attend_length, (1,))), values + [self.attend(total)]
+            elif g.attend_bucket:
                 parts, values = (*parts, (g.attend_bucket, (1,))), values + [self.bucket_size]
             logits = self._execute(io, {}, len(rows_out), starts, list(keep), top, (parts, values))
         else:  # a bundle from before: positions [B, S] and the mask [B, 1, S, T] made here
