@@ -108,3 +108,16 @@ def test_a_gpu_session_with_compute_on_the_cpu_is_refused(zoo, monkeypatch):
     with pytest.raises(BundleError, match=r"compute nodes would run on the CPU beside cuda:1 \(") as e:
         _load_on_cuda(zoo)
     assert "--device cpu" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sampler_graphs_with_compute_on_the_cpu_are_refused(zoo, monkeypatch):
+    """The sampler graphs get the same placement check as the model graphs: on the stand-in every node is on
+    the CPU provider, so a GPU load fails naming them instead of copying logits across the bus every run."""
+    from specrt.bundle.loading import open_bundle
+    from specrt.runtime.buffers import Transfers
+    from specrt.runtime.sampler import GraphSampler
+    from specrt.runtime.session import SessionOptions
+
+    _FakeOrt(monkeypatch, lambda call, real: real())
+    with pytest.raises(BundleError, match=r"sampler graph .*pick_greedy.onnx: \d+ compute nodes would run on the CPU"):
+        GraphSampler(open_bundle(zoo.target()), SessionOptions(device="cuda"), 2, Transfers())

@@ -24,7 +24,7 @@ import numpy as np
 from ..bundle.loading import Bundle
 from ..errors import BundleError
 from .buffers import DeviceBuffer, HostArrays, Logits, Transfers
-from .providers import inference_session
+from .providers import inference_session, misplaced, placements
 from .session import SessionOptions
 
 GRAPHS = ("pick_greedy", "pick_sampled", "pick_filtered", "verify_greedy", "verify_sampled", "verify_filtered")
@@ -135,7 +135,16 @@ class GraphSampler:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.log_severity_level = 3
         o = self.options
-        return inference_session(model, so, o.device, o.device_id, o.tf32)
+        session = inference_session(model, so, o.device, o.device_id, o.tf32)
+        fallen = misplaced(placements(session), o.device) if o.device != "cpu" else []
+        if fallen:  # as for the model graphs: a silent copy of the logits across the bus every run otherwise
+            where = f"{o.device}:{o.device_id}"
+            raise BundleError(
+                f"sampler graph {model if isinstance(model, str) else '(in memory)'}: {len(fallen)} compute nodes "
+                f"would run on the CPU beside {where} ({', '.join(fallen[:4])}): this onnxruntime has no {where} "
+                "kernel for them; run with --device cpu, or load(sampler='host')"
+            )
+        return session
 
     def ensure_steps(self, steps: int, vocab: int) -> None:
         """q_store holds at least `steps` draft positions per slot (reallocated, zeroed, when it grows)."""
