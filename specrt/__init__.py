@@ -6,8 +6,9 @@ The runtime imports only onnxruntime, numpy, tokenizers, jinja2 and click. The e
 
 from .bundle.loading import Bundle, open_bundle
 from .bundle.manifest import SCHEMA_VERSION, Manifest
-from .engine.api import Engine, load
+from .engine.api import Engine
 from .engine.generate import Generation
+from .engine.load import load
 from .errors import (
     BundleError,
     EngineBusyError,

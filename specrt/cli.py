@@ -23,7 +23,7 @@ def _debug() -> bool:
 
 
 def _load(kw: dict, max_batch: int = 1):
-    from .engine.api import load
+    from .engine.load import load
 
     drafts = kw.pop("drafts")
     paths = [d for d in drafts if d != "ngram"]
