@@ -63,6 +63,7 @@ def test_greedy_rows_exchange_ids_only_and_sampled_ones_the_drafted_q(engines):
     vocab = apart.target.vocab_size
     across = apart.stats["bytes_across_devices"] - before
     assert across >= 4 * vocab * g.stats.drafted  # at least each drafted position's q once
+    assert across <= 4 * vocab * (g.stats.drafted + g.stats.rounds)  # alone: no more than the drafted ones
     assert engines["shared"].stats["bytes_across_devices"] == 0
 
 

@@ -157,6 +157,6 @@ class GraphDecider:
         q = None
         if self.draft_sampler is not self.sampler and s is not None:  # the draft's q, on its own device
             self.draft_sampler.ensure_steps(1, logits.vocab)  # a request's first token: no round yet
-            q = self.draft_sampler.q_rows(min(slots), max(slots) + 1)
+            q = self.draft_sampler.q_rows(min(slots), max(slots) + 1, max(len(d) for d in drafted))
         n, nxt = self.sampler.verify(logits, drafted, s, lookup, slots, u_accept, u_final, q)
         return list(zip(n.tolist(), nxt.tolist(), strict=True))

@@ -157,9 +157,12 @@ class GraphSampler:
     def _q_shape(self) -> tuple[int, int, int]:
         return self.slots, self.steps, self.vocab
 
-    def q_rows(self, lo: int, hi: int) -> QRows:
-        """The q of slots [lo, hi), for a verification by the sampler of another device (`verify`'s q)."""
-        return QRows(self.q_store, lo, (hi - lo, self.steps, self.vocab))
+    def q_rows(self, lo: int, hi: int, used: int) -> QRows:
+        """The q of slots [lo, hi), for a verification by the sampler of another device (`verify`'s q). One
+        slot: its first `used` draft positions only (contiguous); more: every position of each (the block's
+        stride is the store's)."""
+        steps = max(used, 1) if hi - lo == 1 else self.steps
+        return QRows(self.q_store, lo, (hi - lo, steps, self.vocab))
 
     def _run(
         self,
