@@ -27,6 +27,7 @@ addresses per shape, the cap). No capture has run: docs/gpu.md says what to meas
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ from .buffers import DeviceBuffer, Logits
 MIN_ATTEND = 64
 MAX_WIDTH = 9  # the verify bucket: 1 + GenerationOptions' default max_draft_tokens (wider rounds run as usual)
 CAP = 32  # captured shapes per session
-_TOP_MODES = [np.array([mode], np.int64) for mode in range(3)]  # the top_mode input, by value (never written)
+TOP_MODES = [np.array([mode], np.int64) for mode in range(3)]  # the top_mode input, by value (never written)
 
 
 def next_pow2(n: int) -> int:
@@ -103,7 +104,7 @@ class Captured:
         positions = rows * width
         graphs.logits.bind_output(self.io, g.logits, (positions, s.vocab_size))
         if g.top_mode:
-            self.io.bind_cpu_input(g.top_mode, _TOP_MODES[shape.top])  # picks the If branch: part of the shape
+            self.io.bind_cpu_input(g.top_mode, TOP_MODES[shape.top])  # picks the If branch: part of the shape
             graphs.tokens.bind_output(self.io, g.top_token, (positions,))
             graphs.confidences.bind_output(self.io, g.top_confidence, (positions,))
         self.run_options = ort.RunOptions()
@@ -163,7 +164,7 @@ class CudaGraphs:
         c.inputs.write(0, flat + lengths[:rows] + real + padded)
         s.seconds += s.timed_run(c.io, c.run_options)
         c.runs += 1
-        starts = [0, *np.cumsum(keep).tolist()][:-1]
+        starts = [0, *itertools.accumulate(keep)][:-1]  # no numpy call right after a run: cold caches
         logits = Logits(self.logits, len(out), s.vocab_size, starts, list(keep))
         if top:
             tokens = self.tokens.read((len(out),))

@@ -20,12 +20,10 @@ from ..errors import BundleError, OptionsError
 from . import tensorrt as trt
 from .buffers import DeviceBuffer, HostArrays, Logits, Transfers
 from .chain import Chain
-from .cudagraphs import MAX_WIDTH, CudaGraphs
+from .cudagraphs import MAX_WIDTH, TOP_MODES, CudaGraphs
 from .kvcache import KV_TYPES, KVCache
 from .providers import DEVICES, TENSORRT, inference_session, misplaced, out_of_memory, placements
 from .settings import GPU_BUCKET, SessionOptions
-
-_TOP_MODES = [np.array([mode], np.int64) for mode in range(3)]  # the graph's top_mode input, by value (never written)
 
 
 def _kv_gib(m, rows: int) -> float:
@@ -265,7 +263,7 @@ class ModelSession:
         g = self.graph
         host = self._host.get(id(io)) or self._host.setdefault(id(io), HostArrays(io))
         if g.top_mode:
-            host.set_constant(g.top_mode, _TOP_MODES[top])
+            host.set_constant(g.top_mode, TOP_MODES[top])
             self.transfers.to_device += 8
             tokens, confidences = self._bind_top(host, positions, top)
         for name, array in inputs.items():
