@@ -428,3 +428,46 @@ def test_a_row_in_a_batch_does_not_stop_drafting_to_time_a_plain_step():
     m = model_with({1: 50.0, 2: 52.0, 3: 54.0}, 10, 0.5, Policy(plain_every=32))  # k = 1: 21% over plain
     assert m.choose(2, 100, alone=True).k == 0  # alone: time a plain step first
     assert m.choose(2, 100, alone=False).k > 0  # in a batch: draft on the evidence
+
+
+def test_a_draft_that_missed_output_drafts_only_where_its_catch_up_pays():
+    """A row whose draft sat out 200 output tokens (the plain rounds of a batch) and which now runs alone:
+    drafting k = 2 at 90% saves ~40% per token, but not the ~750 ms catch-up over 4 tokens left (and no
+    probe spends it either); over 200 tokens left it does; a draft that missed nothing drafts with any
+    tokens left (a prompt's catch-up is not weighed: `missed` counts output tokens)."""
+    target = {s: 60 * (1 + 0.1 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 12, alpha=0.9)
+    m.steps.profiles[DRAFT] = flat_profile({1: 12.0, 16: 60.0})  # a 16-token chunk: 60 ms
+    assert m.catch_up_ms(200, 300) == pytest.approx(200 / 16 * 60)
+    assert m.choose(2, 300, missed=200, remaining=4) == Choice(0, "behind")
+    assert m.choose(2, 300, missed=200, remaining=200).k == 2
+    assert m.choose(2, 300, missed=0, remaining=4).k == 2 and m.catch_up_ms(0, 300) == 0
+    assert m.choose(2, 300, missed=200).k == 2  # tokens left unknown: not weighed
+    poor = model_with(target, 12, alpha=0.05)
+    poor.steps.profiles[DRAFT] = m.steps.profiles[DRAFT]
+    poor.idle, poor.backoff = 100, 1  # due for a probe
+    assert poor.choose(2, 300, missed=200, remaining=4).why == "behind"  # a probe would pay the catch-up
+    assert poor.choose(2, 300, missed=200, remaining=100_000).why == "probe"
+    assert poor.choose(2, 300, missed=0, remaining=4).why == "probe"
+    off = model_with(target, 12, alpha=0.9, policy=Policy(plain_every=None, weigh_missed=False))
+    off.steps.profiles[DRAFT] = m.steps.profiles[DRAFT]
+    assert off.choose(2, 300, missed=200, remaining=4).k == 2  # the rule off: the catch-up is not seen
+
+
+def test_the_missed_output_counts_what_the_draft_sat_out_past_the_prompt(zoo):
+    """What the scheduler hands the rule: output tokens the runner must feed the draft before its first step,
+    not the prompt's part (every request's first drafting round feeds that) nor the one or two tokens a
+    drafting step is always fed."""
+    from specrt.engine.scheduler import Scheduler
+
+    prompt = list(range(3, 40))
+    runner, r = _runner_request(zoo, prompt)
+    scheduler, draft = Scheduler(runner, 1), runner.draft
+    r.tokens = prompt + [5]  # the first token: the draft holds nothing, only the prompt is behind
+    assert scheduler._missed(r) == 0
+    r.tokens = prompt + list(range(5, 15))  # 10 output tokens decoded plain
+    assert scheduler._missed(r) == 9  # all but the last: the round's first step feeds it
+    draft.run_logits([0], [r.tokens[:42]], [1])  # it drafted once, 5 tokens into the output
+    assert scheduler._missed(r) == 4
+    draft.run_logits([0], [r.tokens[42:46]], [1])  # kept up: the usual one or two
+    assert draft.kv.rows[0].length == 46 and scheduler._missed(r) == 0

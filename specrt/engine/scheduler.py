@@ -270,13 +270,22 @@ class Scheduler:
             if fixed is not None or cost is None:
                 best = (0.0, name, cap, found)
                 break
-            choice = choices[name] = cost.choose(cap, length, alone=alone)
+            missed = self._missed(r) if name == MODEL else 0
+            choice = choices[name] = cost.choose(cap, length, alone, missed, r.remaining)
             if choice.k and (best is None or choice.rate > best[0]):
                 best = (choice.rate, name, choice.k, found)
         if best is None:
             return Plan(None, 0, choices=choices)
         _, name, k, found = best
         return Plan(name, k, found[:k] if found is not None else [], choices)
+
+    def _missed(self, r: Request) -> int:
+        """Output tokens row r's draft sat out (plain rounds it did not draft in) and the runner will feed it
+        before its first draft step: all it lacks but the last one or two, less the prompt's part."""
+        held = self.runner.draft.kv.rows[r.slot].length
+        if len(r.tokens) - held <= 2:  # it kept up: fed with the round's first step
+            return 0
+        return max(0, len(r.tokens) - 1 - max(held, len(r.prompt)))
 
     @staticmethod
     def _stops_early(r: Request) -> bool:

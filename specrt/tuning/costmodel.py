@@ -20,10 +20,17 @@ it pays (removing it costs more than 3% of tokens/s on the real pair: results/la
   profile's t(2)/t(1): 1.17 profiled, 1.6 in the loop for the int4 target; k = 1 at 97% ran at 0.87x);
 - **early stop** (`keep_drafting`): the chosen k is a ceiling for a draft model; after each draft token, its
   calibrated confidence says whether going on promises more than verifying now. It depends on the draft
-  alone, so verification stays exact.
-Two rules were measured not to pay and are gone: a 3% margin drafting had to promise over plain decoding,
-and weighing a draft's catch-up (after rounds it sat out) against the tokens left (both within 1% on the
-int4 and native pairs, 8 prompts).
+  alone, so verification stays exact;
+- **the draft's missed tokens** (`weigh_missed`): a row whose draft sat out rounds of its generation (the
+  plain rounds of a batch) must feed it every output token it missed before drafting again; drafting must
+  save more than that over the tokens left (a probe: cost at most `probe_budget` of the plain decoding time
+  left). It keeps a row that finishes its batch alone from paying a draft prefill of its whole output for
+  its last few tokens. The prompt's own catch-up (a request's
+  first drafting round) is not weighed: it is the entry fee of any drafting, and weighing it against one
+  generation's savings estimated from a prior kept fresh requests from ever drafting, so never learning
+  (results/trust/catch-up: 0.82x at one row).
+A rule was measured not to pay and is gone: a 3% margin drafting had to promise over plain decoding (within
+1% on the int4 and native pairs, 8 prompts).
 This module knows nothing about sessions or the scheduler: it is handed numbers and asked questions.
 """
 
@@ -48,6 +55,8 @@ class Policy:
     plain_every: int | None = 32  # None: never decode plain just to time it
     plain_margin: float = 0.3
     early_stop: bool = True
+    weigh_missed: bool = True
+    probe_budget: float = 0.02  # a probe may spend this share of the plain decoding time left catching up
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,8 @@ class Choice:
     """One drafter's answer for a round: k, why, and the tokens per ms it promises (0 when k is 0)."""
 
     k: int
-    why: str  # "pays", "probe", "idle" (does not pay), "timing" (a plain step to time), "none" (k_cap 0)
+    why: str  # "pays", "probe", "idle" (does not pay), "timing" (a plain step to time), "none" (k_cap 0),
+    # "behind" (pays per round, not its draft's catch-up over the tokens left)
     rate: float = 0.0
 
 
@@ -104,24 +114,39 @@ class CostModel:
             expected = sum(acceptance**i for i in range(k + 1))  # 1 + a + ... + a^k
         return expected / (k * self.draft_ms(context) + self.steps.ms(TARGET, k + 1, context))
 
-    def choose(self, k_cap: int, context: int, alone: bool = True) -> Choice:
+    def choose(
+        self, k_cap: int, context: int, alone: bool = True, missed: int = 0, remaining: int | None = None
+    ) -> Choice:
         """The k in 0..k_cap with the most expected tokens per millisecond (0: speculation does not pay).
         alone: the round runs at batch 1, so its passes time the target (a batched round prices the batch,
-        not a row: a plain step taken there to time plain decoding would buy nothing)."""
+        not a row: a plain step taken there to time plain decoding would buy nothing); missed: output tokens
+        the draft sat out and must be fed before it can propose; remaining: tokens this generation may still
+        produce (None: unknown, the catch-up is not weighed)."""
         policy = self.policy
         if k_cap <= 0:
             return Choice(0, "none")
         rates = {k: self.tokens_per_ms(k, context) for k in range(k_cap + 1)}
         k = max(rates, key=lambda j: (rates[j], -j))  # ties: the smaller k
+        catch_up = self.catch_up_ms(missed, context) if remaining is not None else 0.0
+        if k and catch_up and remaining * (1 / rates[0] - 1 / rates[k]) <= catch_up:
+            return Choice(0, "behind")
         if k:
             stale = alone and policy.plain_every is not None and self.steps.rounds_since_plain >= policy.plain_every
             if stale and rates[k] < (1 + policy.plain_margin) * rates[0]:
                 return Choice(0, "timing")
             return Choice(k, "pays", rates[k])
         if self.backoff is not None and self.idle + 1 >= self.backoff:
+            if catch_up and catch_up > policy.probe_budget * remaining / rates[0]:  # a probe must stay a small bet
+                return Choice(0, "behind")
             j = self._probe_width(k_cap, context, rates[0])
             return Choice(j, "probe", rates[j])
         return Choice(0, "idle")
+
+    def catch_up_ms(self, missed: int, context: int) -> float:
+        """The draft's forward over the output tokens it missed (0 when the rule is off or it kept up)."""
+        if self.drafter != MODEL or missed <= 0 or not self.policy.weigh_missed:
+            return 0.0
+        return self.steps.catch_up_ms(missed, context)
 
     def _probe_width(self, k_cap: int, context: int, bar: float) -> int:
         """The fewest drafts that could pay under the optimistic acceptance, and at least one: a probe also

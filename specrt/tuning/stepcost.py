@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 Profile = Callable[[int, int], float]  # (S new tokens, context) -> ms, measured offline on this machine
 TARGET, DRAFT = "target", "draft"
+CATCH_UP_WIDTH = 16  # the widest forward profiles price (measure.WIDTHS reaches it)
 WRONG = 2.5  # live / profiled time of a model's steps beyond this factor (either way): the profile is wrong
 SETTLED = 4  # observations of a model's steps before its profile is judged
 
@@ -71,6 +72,12 @@ class StepCosts:
 
     def ms(self, model: str, width: int, context: int) -> float:
         return self.profiles[model](width, context) * self.speed * self.ratio(model, _kind(width))
+
+    def catch_up_ms(self, tokens: int, context: int) -> float:
+        """The draft's forward over `tokens` it missed, priced per chunk at the widest profiled width (the
+        cheapest per token the profiles know; the runner's chunks are wider still, so this errs high)."""
+        chunk = min(tokens, CATCH_UP_WIDTH)
+        return self.ms(DRAFT, chunk, context) * tokens / chunk if tokens > 0 else 0.0
 
     def observe(self, model: str, width: int, context: int, ms: float) -> None:
         """A forward of `width` new tokens after `context` took `ms` (in a round that ran alone)."""
