@@ -229,6 +229,28 @@ def test_k_for_the_batch_does_not_flap():
     assert BatchCost(target, draft).choose([4], [lambda k: 1 + 0.95 * k], [False], [True]).ks == [4]
 
 
+def test_a_batch_pays_a_drafts_catch_up_only_where_switching_on_pays():
+    """Rows whose drafts sat out output tokens (plain rounds) must feed them before drafting again: the batch
+    charges that catch-up to the round that switches drafting on, so a batch near break-even does not switch
+    back and forth (each switch paying a catch-up), and an exploring round never pays one; rows that kept up
+    (or a small catch-up) draft as before, and so does a batch with the rule off."""
+    from specrt.tuning.batchcost import BatchCost
+    from specrt.tuning.profile import BatchProfile
+
+    widths, batches = list(range(1, 10)), [1, 2, 4, 8]
+    target = BatchProfile(batches, widths, [[30 + 2 * b * (w - 1) for w in widths] for b in batches])
+    draft = BatchProfile(batches, widths, [[5.0 + b for _ in widths] for b in batches])
+    expected = [lambda k: sum(0.8**i for i in range(k + 1))] * 2
+    args = ([3, 3], expected, [False] * 2, [True] * 2)
+    assert BatchCost(target, draft).choose(*args).ceiling == 2  # 1.41x plain for two rows that kept up
+    assert BatchCost(target, draft).choose(*args, catch_up=[5.0, 5.0]).ceiling > 0  # a small catch-up: still
+    assert BatchCost(target, draft).choose(*args, catch_up=[60.0, 60.0]).ceiling == 0  # more than a round gains
+    assert BatchCost(target, draft, weigh_missed=False).choose(*args, catch_up=[60.0, 60.0]).ceiling == 2
+    exploring = BatchCost(target, draft, explore_every=1)
+    exploring.observe(exploring.choose(*args, catch_up=[60.0, 60.0]), [0, 0], measured_ms=30.0)
+    assert not exploring.choose(*args, catch_up=[60.0, 60.0]).explore  # k = 1 would pay the catch-ups
+
+
 def test_batch_cost_reads_t_at_the_batchs_longest_row():
     """A batched pass attends every row over the longest one, a cost per row that grows with the context: a
     plain step of a full batch is cheap at short contexts (speculation does not pay) and dear at long ones

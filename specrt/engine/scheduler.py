@@ -191,7 +191,13 @@ class Scheduler:
             [r.options.num_draft_tokens is not None for r in rows],
             [p.drafter == MODEL for p in plans],
             context,
+            [self._catch_up_ms(r, p.drafter) for r, p in zip(rows, plans, strict=True)],
         )
+
+    def _catch_up_ms(self, r: Request, drafter: str | None) -> float:
+        """What row r's draft must spend on output tokens it sat out before it can draft (0: fixed k)."""
+        cost = _cost(r, drafter)
+        return cost.catch_up_ms(self._missed(r), len(r.tokens)) if cost is not None and drafter == MODEL else 0.0
 
     # ------------------------------------------------------------------ settling one row's round
 
