@@ -233,7 +233,8 @@ def test_a_batch_pays_a_drafts_catch_up_only_where_switching_on_pays():
     """Rows whose drafts sat out output tokens (plain rounds) must feed them before drafting again: the batch
     charges that catch-up to the round that switches drafting on, so a batch near break-even does not switch
     back and forth (each switch paying a catch-up), and an exploring round never pays one; rows that kept up
-    (or a small catch-up) draft as before, and so does a batch with the rule off."""
+    (or a small catch-up) draft as before, beside a row that sits out its catch-up, and so does a batch with
+    the rule off."""
     from specrt.tuning.batchcost import BatchCost
     from specrt.tuning.profile import BatchProfile
 
@@ -246,6 +247,8 @@ def test_a_batch_pays_a_drafts_catch_up_only_where_switching_on_pays():
     assert BatchCost(target, draft).choose(*args, catch_up=[5.0, 5.0]).ceiling > 0  # a small catch-up: still
     assert BatchCost(target, draft).choose(*args, catch_up=[60.0, 60.0]).ceiling == 0  # more than a round gains
     assert BatchCost(target, draft, weigh_missed=False).choose(*args, catch_up=[60.0, 60.0]).ceiling == 2
+    one = BatchCost(target, draft).choose(*args, catch_up=[0.0, 60.0])  # only the row behind sits out
+    assert one.ceiling > 0 and one.ks[0] > 0 and one.ks[1] == 0
     exploring = BatchCost(target, draft, explore_every=1)
     exploring.observe(exploring.choose(*args, catch_up=[60.0, 60.0]), [0, 0], measured_ms=30.0)
     assert not exploring.choose(*args, catch_up=[60.0, 60.0]).explore  # k = 1 would pay the catch-ups

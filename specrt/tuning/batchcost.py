@@ -19,8 +19,9 @@ needs. The ceiling moves only when the new one promises `margin` more tokens/s t
 a batch near the break-even point does not thrash between two values from round to round.
 
 A row whose draft sat out output tokens (the batch's plain rounds) must feed them to it before it drafts
-again: a ceiling that makes such a row draft is charged that catch-up in full (`catch_up[r]`, priced by the
-row's cost model; `weigh_missed`). It is the price of switching drafting back on: spread over rounds it
+again: a round that makes such a row draft is charged that catch-up in full (`catch_up[r]`, priced by the
+row's cost model; `weigh_missed`), and the row sits the round out where that costs the batch more than it
+adds. It is the price of switching drafting back on: spread over rounds it
 would be paid again at every switch, and a batch near break-even switched back and forth (int4 pair, 2
 rows: 40 plain and 51 drafting rounds at 0.74x of plain batching; results/trust/missed). A prompt's
 catch-up is not charged (every row starts with one: charged, the batch never began to draft).
@@ -114,16 +115,22 @@ class BatchCost:
             return BatchChoice(0, list(wanted))
         catch_up = catch_up if catch_up is not None and self.weigh_missed else [0.0] * len(wanted)
 
-        def ks_for(ceiling: int) -> list[int]:
-            return [w if f else min(w, ceiling) for w, f in zip(wanted, fixed, strict=True)]
-
         def switching_ms(ks: list[int]) -> float:  # the catch-ups a round at these k must pay first
             return sum(c for k, d, c in zip(ks, drafting, catch_up, strict=True) if k and d)
 
-        def value(ceiling: int) -> float:
-            ks = ks_for(ceiling)
+        def rate(ks: list[int]) -> float:
             gain = sum(e(k) for e, k in zip(expected, ks, strict=True))
             return gain / (self.round_ms(ks, drafting, context) + switching_ms(ks))
+
+        def ks_for(ceiling: int) -> list[int]:
+            ks = [w if f else min(w, ceiling) for w, f in zip(wanted, fixed, strict=True)]
+            for r, c in enumerate(catch_up):  # a row whose catch-up costs the batch more than it adds sits out
+                if c and ks[r] and not fixed[r] and rate(without := ks[:r] + [0] + ks[r + 1 :]) > rate(ks):
+                    ks = without
+            return ks
+
+        def value(ceiling: int) -> float:
+            return rate(ks_for(ceiling))
 
         top = max((w for w, f in zip(wanted, fixed, strict=True) if not f), default=0)
         candidates = {k: value(k) for k in range(top + 1)}
