@@ -21,10 +21,10 @@ a batch near the break-even point does not thrash between two values from round 
 A row whose draft sat out output tokens (the batch's plain rounds) must feed them to it before it drafts
 again: a round that makes such a row draft is charged that catch-up in full (`catch_up[r]`, priced by the
 row's cost model; `weigh_missed`), and the row sits the round out where that costs the batch more than it
-adds. It is the price of switching drafting back on: spread over rounds it
-would be paid again at every switch, and a batch near break-even switched back and forth (int4 pair, 2
-rows: 40 plain and 51 drafting rounds at 0.74x of plain batching; results/trust/missed). A prompt's
-catch-up is not charged (every row starts with one: charged, the batch never began to draft).
+adds. It is the price of switching drafting back on: spread over rounds it would be paid again at every
+switch, and a batch near break-even switched back and forth (int4 pair, 2 rows: 40 plain and 51 drafting
+rounds at 0.74x of plain batching; results/trust/missed). A prompt's catch-up is not charged (every row
+starts with one: charged, the batch never began to draft).
 
 The profile is corrected from the rounds the batch runs: per pass width W, the measured time of its rounds
 against the profile's prediction, smoothed (`ratios`; a width not yet run reads the line through those run). One

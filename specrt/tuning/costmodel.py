@@ -25,10 +25,9 @@ it pays (removing it costs more than 3% of tokens/s on the real pair: results/la
   plain rounds of a batch) must feed it every output token it missed before drafting again; drafting must
   save more than that over the tokens left (a probe: cost at most `probe_budget` of the plain decoding time
   left). It keeps a row that finishes its batch alone from paying a draft prefill of its whole output for
-  its last few tokens. The prompt's own catch-up (a request's
-  first drafting round) is not weighed: it is the entry fee of any drafting, and weighing it against one
-  generation's savings estimated from a prior kept fresh requests from ever drafting, so never learning
-  (results/trust/catch-up: 0.82x at one row).
+  its last few tokens. The prompt's own catch-up (a request's first drafting round) is not weighed: it is
+  the entry fee of any drafting, and weighing it against one generation's savings estimated from a prior
+  kept fresh requests from ever drafting, so never learning (results/trust/catch-up: 0.82x at one row).
 A rule was measured not to pay and is gone: a 3% margin drafting had to promise over plain decoding (within
 1% on the int4 and native pairs, 8 prompts).
 This module knows nothing about sessions or the scheduler: it is handed numbers and asked questions.
