@@ -35,9 +35,10 @@ class Plan:
     lookup: list[int] = field(default_factory=list)  # prompt lookup's proposal
     choices: dict[str, Choice] = field(default_factory=dict)  # each auto-k drafter's answer (for learning)
     proposal: Proposal = field(default_factory=Proposal)
+    missed: int = 0  # output tokens the row's draft sat out (fed before its first draft step)
 
     def capped(self, k: int) -> Plan:
-        return Plan(self.drafter if k else None, k, self.lookup[:k], self.choices)
+        return Plan(self.drafter if k else None, k, self.lookup[:k], self.choices, missed=self.missed)
 
 
 @dataclass
@@ -191,13 +192,8 @@ class Scheduler:
             [r.options.num_draft_tokens is not None for r in rows],
             [p.drafter == MODEL for p in plans],
             context,
-            [self._catch_up_ms(r, p.drafter) for r, p in zip(rows, plans, strict=True)],
+            [_catch_up_ms(r, p) for r, p in zip(rows, plans, strict=True)],
         )
-
-    def _catch_up_ms(self, r: Request, drafter: str | None) -> float:
-        """What row r's draft must spend on output tokens it sat out before it can draft (0: fixed k)."""
-        cost = _cost(r, drafter)
-        return cost.catch_up_ms(self._missed(r), len(r.tokens)) if cost is not None and drafter == MODEL else 0.0
 
     # ------------------------------------------------------------------ settling one row's round
 
@@ -262,6 +258,7 @@ class Scheduler:
         k_cap = min(k_cap, self.runner.target.max_len - length - 1)
         choices: dict[str, Choice] = {}
         best = None  # (tokens/ms, drafter name, k, lookup proposal)
+        missed = self._missed(r) if self.runner.draft is not None else 0
         for drafter in r.drafters:
             found = None
             if isinstance(drafter, NgramDrafter):  # free to look up first: its length caps k
@@ -276,14 +273,13 @@ class Scheduler:
             if fixed is not None or cost is None:
                 best = (0.0, name, cap, found)
                 break
-            missed = self._missed(r) if name == MODEL else 0
-            choice = choices[name] = cost.choose(cap, length, alone, missed, r.remaining)
+            choice = choices[name] = cost.choose(cap, length, alone, missed if name == MODEL else 0, r.remaining)
             if choice.k and (best is None or choice.rate > best[0]):
                 best = (choice.rate, name, choice.k, found)
         if best is None:
-            return Plan(None, 0, choices=choices)
+            return Plan(None, 0, choices=choices, missed=missed)
         _, name, k, found = best
-        return Plan(name, k, found[:k] if found is not None else [], choices)
+        return Plan(name, k, found[:k] if found is not None else [], choices, missed=missed)
 
     def _missed(self, r: Request) -> int:
         """Output tokens row r's draft sat out (plain rounds it did not draft in) and the runner will feed it
@@ -315,6 +311,12 @@ class Scheduler:
         if cost is None:  # fixed k or no cost model: a neutral estimate
             return lambda k: 1.0 + 0.7 * k
         return cost.acceptance.expected_tokens
+
+
+def _catch_up_ms(r: Request, plan: Plan) -> float:
+    """What row r's draft must spend on the output tokens it sat out before it can draft (0: fixed k)."""
+    cost = _cost(r, plan.drafter)
+    return cost.catch_up_ms(plan.missed, len(r.tokens)) if cost is not None and plan.drafter == MODEL else 0.0
 
 
 def _cost(r: Request, drafter: str | None):

@@ -129,11 +129,9 @@ class BatchCost:
                     ks = without
             return ks
 
-        def value(ceiling: int) -> float:
-            return rate(ks_for(ceiling))
-
         top = max((w for w, f in zip(wanted, fixed, strict=True) if not f), default=0)
-        candidates = {k: value(k) for k in range(top + 1)}
+        ks_at = {k: ks_for(k) for k in range(top + 1)}  # each ceiling's per-row k, priced once
+        candidates = {k: rate(ks) for k, ks in ks_at.items()}
         best = max(candidates, key=lambda k: (candidates[k], -k))
         current = self.ceiling if self.ceiling is not None and self.ceiling in candidates else None
         if current is not None and candidates[current] * (1 + self.margin) >= candidates[best]:
@@ -146,12 +144,12 @@ class BatchCost:
                 k
                 for k in (best - 1, best + 1)
                 if k in candidates
-                and self.rounds - self.timed.get(max(ks_for(k)) + 1, -(1 << 30)) > self.stale_after
-                and not switching_ms(ks_for(k))  # timing a width must not pay a catch-up
+                and self.rounds - self.timed.get(max(ks_at[k]) + 1, -(1 << 30)) > self.stale_after
+                and not switching_ms(ks_at[k])  # timing a width must not pay a catch-up
             ]
             if stale:
-                return BatchChoice(stale[0], ks_for(stale[0]), explore=True)
-        return BatchChoice(best, ks_for(best))
+                return BatchChoice(stale[0], ks_at[stale[0]], explore=True)
+        return BatchChoice(best, ks_at[best])
 
     def observe(
         self,
