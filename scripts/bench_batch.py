@@ -6,13 +6,17 @@ llama.cpp's llama-server, at concurrency 1, 2, 4, 8 (16 with --max-concurrency 1
     python scripts/bench_batch.py --targets int4 --concurrency 1 4      # a part of it
 
 Every request has a different prompt (code, prose and chat, in turn) and asks for 128 new tokens, EOS
-ignored; each concurrency level runs 2 x c requests from c client threads (each thread sends its next request
-when its last one ends), greedy and at temperature 0.7 (seeded). Configurations, each with max_batch = c:
-plain batching (k = 0), fixed k = 3 and 5, and auto k, for the fp32 and the int4 target (standard graph,
-int4 draft). Reported per cell: total output tokens/s (all tokens over the wall time of the level),
-per-request tokens/s (median), time to first token p50 / p99, the k chosen per round and the batch sizes
-seen, and the process's peak RSS. llama-server (built by scripts/build_llamacpp.sh) runs the same
-requests on the GGUF pair with -np c, plain and with --model-draft (draft-simple, k = 5), when built.
+ignored; each concurrency level runs `--parts` parts (2 by default) of c requests from c client threads (each
+thread sends its next request when its last one ends), greedy and at temperature 0.7 (seeded).
+Configurations, each with max_batch = c: plain batching (k = 0), fixed k = 3 and 5, and auto k, for the fp32
+and the int4 target (standard graph, int4 draft). The configurations are interleaved: every part runs each of
+them on the same c prompts, in an order reversed from one part to the next (ABBA), so that this machine's
+drift (up to 2x within minutes) hits them alike; auto's cell is judged by the median over parts of auto's
+tokens/s over the best fixed configuration's in the same part. Reported per cell: total output tokens/s
+(all tokens over the summed wall time of the parts), per-request tokens/s (median), time to first token
+p50 / p99, the k chosen per round and the batch sizes seen, and the process's peak RSS. llama-server (built
+by scripts/build_llamacpp.sh) runs the same requests on the GGUF pair with -np c, plain and with
+--model-draft (draft-simple, k = 5), when built.
 OpenVINO GenAI's ContinuousBatchingPipeline (scripts/peer_openvino.py, its own venv, prepared when needed)
 runs them too, on the GGUF target and on its int4 IR of it (--openvino-targets), plain and with its int4 IR
 draft (k = 3), at most c requests in flight (about 10 minutes per target and configuration; --no-openvino
@@ -48,9 +52,11 @@ NEW_TOKENS = 128
 # ---------------------------------------------------------------- specrt
 
 
-def run_specrt(engine, concurrency: int, k: int | None, temperature: float, outputs: dict | None = None) -> dict:
-    """One level: 2 x c requests from c client threads. `outputs` (prompt index -> token ids) collects what
-    each request generated, for the comparison with single-stream output."""
+def run_specrt(
+    engine, concurrency: int, k: int | None, temperature: float, jobs: list, outputs: dict | None = None
+) -> dict:
+    """One part: `jobs` ((prompt index, prompt) pairs) from c client threads. `outputs` (prompt index -> token
+    ids) collects what each request generated, for the comparison with single-stream output."""
     import specrt
 
     def request(job: tuple[int, tuple[str, bool, str]]) -> dict:
@@ -69,14 +75,11 @@ def run_specrt(engine, concurrency: int, k: int | None, temperature: float, outp
         return {"ttft": (first or end) - t0, "s": end - t0, "tokens": len(gen.token_ids)}
 
     before = engine.stats
-    results, wall = kit.run_clients(request, enumerate(kit.mixed_prompts(2 * concurrency)), concurrency)
+    results, wall = kit.run_clients(request, jobs, concurrency)
     after = engine.stats
     ks = {int(k): v - before["k_chosen"].get(k, 0) for k, v in after["k_chosen"].items()}
     sizes = {int(b): v - before["batch_sizes"].get(b, 0) for b, v in after["batch_sizes"].items()}
-    return summary(results, wall) | {
-        "k_chosen": {k: v for k, v in ks.items() if v},
-        "batch_sizes": {b: v for b, v in sizes.items() if v},
-    }
+    return {"results": results, "wall": wall, "k_chosen": ks, "batch_sizes": sizes}
 
 
 def summary(results: list[dict], wall: float) -> dict:
@@ -91,30 +94,67 @@ def summary(results: list[dict], wall: float) -> dict:
     }
 
 
-def worker(target: str, levels: list[int], temperatures: list[float], out: Path) -> None:
+def merge_parts(parts: list[dict]) -> dict:
+    """One configuration's parts of a level as one row: the summary over all its requests (wall times
+    summed), the rounds per k and batch sizes added up, and each part's total tokens/s."""
+    ks: dict[int, int] = {}
+    sizes: dict[int, int] = {}
+    for part in parts:
+        for k, v in part["k_chosen"].items():
+            ks[k] = ks.get(k, 0) + v
+        for b, v in part["batch_sizes"].items():
+            sizes[b] = sizes.get(b, 0) + v
+    row = summary([r for p in parts for r in p["results"]], sum(p["wall"] for p in parts))
+    return row | {
+        "k_chosen": {k: v for k, v in sorted(ks.items()) if v},
+        "batch_sizes": {b: v for b, v in sorted(sizes.items()) if v},
+        "parts_tokens_per_s": [sum(r["tokens"] for r in p["results"]) / p["wall"] for p in parts],
+    }
+
+
+def auto_vs_best(rows: dict[str, dict]) -> float:
+    """Median over parts of auto's tokens/s over the best fixed configuration's in the same part (a ratio
+    of runs minutes apart, not of whole columns run at different times)."""
+    fixed = [name for name in rows if name != "auto"]
+    per_part = zip(rows["auto"]["parts_tokens_per_s"], *(rows[n]["parts_tokens_per_s"] for n in fixed), strict=True)
+    return statistics.median(auto / max(others) for auto, *others in per_part)
+
+
+def worker(target: str, levels: list[int], temperatures: list[float], parts: int, out: Path) -> None:
     """One target precision in its own process (its peak RSS is its own)."""
     import specrt
 
     rows, greedy = [], []
     for c in levels:
         engine = specrt.load(BUNDLES[target], BUNDLES["draft"], max_batch=c)
+        warm = list(enumerate(kit.mixed_prompts(c)))
         # Warm-up, alone: auto k measures the cost profiles missing for this machine here (t(B, S) up to
         # B = c over all slots, once; saved in the bundle), as a server does on its first request.
-        run_specrt(engine, 1, None, 0.0)
+        run_specrt(engine, 1, None, 0.0, warm[:1])
         # ...and one untimed level at full concurrency: ONNX Runtime's first runs at the batch's shapes grow
         # its memory arenas (measured: the first timed level of a fresh engine at c = 4, 8 ran 15-20% slow).
-        run_specrt(engine, c, 0, 0.0)
+        run_specrt(engine, c, 0, 0.0, warm)
         engine.complete("def f(x):", specrt.GenerationOptions(max_new_tokens=4))
+        prompts = list(enumerate(kit.mixed_prompts(parts * c)))
         for temperature in temperatures:
-            for name, k in kit.interleave(CONFIGS.items(), c + 1):
-                kit.log(f"{target} c={c} T={temperature} {name}")
-                outputs: dict[int, list[int]] = {}
-                row = run_specrt(engine, c, k, temperature, outputs)
+            done: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+            outputs: dict[str, dict[int, list[int]]] = {name: {} for name in CONFIGS}
+            for part in range(parts):
+                jobs = prompts[part * c : (part + 1) * c]
+                for name in kit.interleave(CONFIGS, c + part):
+                    kit.log(f"{target} c={c} T={temperature} part {part + 1}/{parts} {name}")
+                    got = run_specrt(engine, c, CONFIGS[name], temperature, jobs, outputs[name])
+                    done[name].append(got)
+                    tokens = sum(r["tokens"] for r in got["results"])
+                    ks = {k: v for k, v in got["k_chosen"].items() if v}
+                    kit.log(f"  {tokens / got['wall']:.1f} tok/s total, k {ks}")
+            level = {name: merge_parts(done[name]) for name in CONFIGS}
+            level["auto"]["auto_vs_best"] = auto_vs_best(level)
+            kit.log(f"{target} c={c} T={temperature}: auto / best fixed {level['auto']['auto_vs_best']:.3f}")
+            for name, row in level.items():
                 rows.append({"target": target, "concurrency": c, "temperature": temperature, "config": name} | row)
                 if temperature == 0:
-                    greedy.append((rows[-1], outputs))
-                total, ttft = row["total_tokens_per_s"], row["ttft_p50_s"]
-                kit.log(f"  {total:.1f} tok/s total, ttft p50 {ttft:.2f} s, k {row['k_chosen']}")
+                    greedy.append((rows[-1], outputs[name]))
         del engine
     compare_with_single_stream(target, greedy)
     out.write_text(json.dumps({"rows": rows, "peak_rss_gib": kit.peak_rss_gib()}))
@@ -219,6 +259,7 @@ def run_openvino(out: Path, levels: list[int], temperatures: list[float], target
             raw = out / f"raw-openvino-{target}-k{ov.BATCH_CONFIGS[config]}.json"
             cmd = [str(ov.PYTHON), __file__, "--worker", f"openvino-{target}", "--openvino-config", config]
             cmd += ["--out", str(out), "--concurrency", *map(str, levels), "--temperatures", *map(str, temperatures)]
+            cmd += ["--new-tokens", str(NEW_TOKENS)]
             code, peak = kit.wait_child(subprocess.Popen(cmd))
             if code != 0:
                 sys.exit(f"error: the OpenVINO {target} {config} worker exited {code}; see its output above")
@@ -334,8 +375,9 @@ def fit_report(name: str, path: Path, max_batch: int = 8) -> dict:
 
 
 def report(rows: list[dict], command: str) -> str:
-    md = [f"Command: `{command}`", "", f"{NEW_TOKENS} new tokens per request, 2 x c requests per level.", ""]
     levels = sorted({r["concurrency"] for r in rows})
+    md = [f"Command: `{command}`", "", f"{NEW_TOKENS} new tokens per request.", ""]
+    md += auto_table(rows, levels)
     for temperature in sorted({r["temperature"] for r in rows}):
         md += [f"Total output tokens/s, temperature {temperature} (TTFT p50 s):", ""]
         md.append("| target | configuration | " + " | ".join(f"c={c}" for c in levels) + " |")
@@ -376,6 +418,27 @@ def report(rows: list[dict], command: str) -> str:
     return "\n".join(md) + "\n"
 
 
+def auto_table(rows: list[dict], levels: list[int]) -> list[str]:
+    """Auto k against the best of plain, k = 3 and k = 5 per cell (median of per-part ratios), and how many
+    cells reach 0.95 and the lowest."""
+    cells = {(r["target"], r["temperature"], r["concurrency"]): r["auto_vs_best"] for r in rows if "auto_vs_best" in r}
+    if not cells:
+        return []
+    parts = max(len(r.get("parts_tokens_per_s", [])) for r in rows)
+    md = [
+        f"Auto k / the best of plain, k=3, k=5 (median over {parts} interleaved parts of the ratio within a part):",
+        "",
+        "| target | temperature | " + " | ".join(f"c={c}" for c in levels) + " |",
+        "|---" * (len(levels) + 2) + "|",
+    ]
+    for target, temperature in dict.fromkeys((t, T) for t, T, _ in cells):
+        got = [cells.get((target, temperature, c)) for c in levels]
+        md.append(f"| {target} | {temperature} | " + " | ".join("-" if g is None else f"{g:.3f}" for g in got) + " |")
+    values = list(cells.values())
+    md += ["", f"{sum(v >= 0.95 for v in values)} of {len(values)} cells >= 0.95; lowest {min(values):.3f}.", ""]
+    return md
+
+
 def chart(rows: list[dict], path: Path) -> None:
     plt = kit.pyplot()
     if plt is None:
@@ -396,11 +459,14 @@ def chart(rows: list[dict], path: Path) -> None:
 
 
 def main() -> int:
+    global NEW_TOKENS  # every measurement in this process and its workers asks for this many
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=kit.ROOT / "results/batch")
     parser.add_argument("--targets", nargs="*", default=["int4", "fp32"], choices=["int4", "fp32"])
     parser.add_argument("--concurrency", nargs="*", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--temperatures", nargs="*", type=float, default=[0.0, 0.7])
+    parser.add_argument("--parts", type=int, default=2, help="interleaved parts of c requests per level")
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="new tokens per request")
     parser.add_argument("--no-llamacpp", action="store_true")
     parser.add_argument("--no-openvino", action="store_true")
     parser.add_argument("--openvino-targets", nargs="*", default=["gguf", "ir"], choices=["gguf", "ir"])
@@ -419,12 +485,13 @@ def main() -> int:
     parser.add_argument("--openvino-config", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    NEW_TOKENS = args.new_tokens
     if args.worker and args.worker.startswith("openvino-"):  # under the OpenVINO venv
         target = args.worker.removeprefix("openvino-")
         openvino_worker(target, args.openvino_config, args.out, args.concurrency, args.temperatures)
         return 0
     if args.worker:
-        worker(args.worker, args.concurrency, args.temperatures, args.out / f"raw-{args.worker}.json")
+        worker(args.worker, args.concurrency, args.temperatures, args.parts, args.out / f"raw-{args.worker}.json")
         return 0
     if args.only_llamacpp or args.only_openvino:  # one peer measured again, the rest of <out>/batch.json kept
         data = json.loads((args.out / "batch.json").read_text())
@@ -452,6 +519,7 @@ def main() -> int:
     for target in args.targets:
         cmd = [sys.executable, __file__, "--worker", target, "--out", str(args.out), "--concurrency"]
         cmd += [str(c) for c in args.concurrency] + ["--temperatures"] + [str(t) for t in args.temperatures]
+        cmd += ["--parts", str(args.parts), "--new-tokens", str(NEW_TOKENS)]
         subprocess.run(cmd, check=True)
         data = json.loads((args.out / f"raw-{target}.json").read_text())
         rows += [r | {"peak_rss_gib": data["peak_rss_gib"]} for r in data["rows"]]
