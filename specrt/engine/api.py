@@ -23,11 +23,9 @@ import weakref
 from collections import Counter
 from collections.abc import Sequence
 
-import numpy as np
-
 from ..bundle.loading import check_pair, open_bundle
 from ..decoding.drafters import NgramDrafter
-from ..errors import EngineBusyError, OptionsError, PromptError
+from ..errors import EngineBusyError, OptionsError
 from ..options import GenerationOptions
 from ..runtime.buffers import Transfers
 from ..runtime.sampler import GraphSampler, has_samplers
@@ -46,6 +44,7 @@ from ..tuning.measure import (
 from ..tuning.stepcost import DRAFT, TARGET, StepCosts
 from .decide import PATHS, GraphDecider, HostDecider
 from .generate import Generation
+from .prompting import Prompts
 from .request import Request
 from .runner import Runner
 from .scheduler import Scheduler
@@ -92,6 +91,7 @@ class Engine:
         self.max_batch = max_batch
         self.transfers = Transfers()  # bytes between host and device, both models and the sampler graphs
         self.target = ModelSession(target_bundle, session_options, rows=max_batch, transfers=self.transfers)
+        self.prompts = Prompts(self.tokenizer, self.target.vocab_size, self.target.max_len, target_bundle.path)
         draft_options = draft_session_options or session_options
         self.draft = (
             ModelSession(draft_bundle, draft_options, rows=max_batch, transfers=self.transfers)
@@ -285,33 +285,15 @@ class Engine:
         return self.target.max_len
 
     def encode(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
-        if not isinstance(prompt, str):
-            raise PromptError(f"prompt must be text, got {type(prompt).__name__}")
-        if system is not None and not chat:
-            raise OptionsError("a system message needs chat=True (it goes through the chat template)")
-        for what, text in (("prompt", prompt), ("system message", system)):
-            _check_text(what, text)
-        return self.tokenizer.encode_chat(prompt, system) if chat else self.tokenizer.encode(prompt)
+        return self.prompts.encode(prompt, chat, system)
 
     def encode_messages(self, messages: Sequence[dict]) -> list[int]:
         """A conversation ({"role", "content"} dicts) through the bundle's chat template."""
-        for i, m in enumerate(messages):
-            _check_text(f"message {i}", m.get("content"))
-        return self.tokenizer.encode_messages(list(messages))
+        return self.prompts.encode_messages(messages)
 
     def token_ids(self, prompt: Sequence[int]) -> list[int]:
         """A prompt given as token ids: integers (Python or numpy) inside the target's vocabulary."""
-        if isinstance(prompt, (bytes, bytearray, memoryview)) or not isinstance(prompt, Sequence):
-            raise PromptError(f"a prompt must be text or a list of token ids, got {type(prompt).__name__}")
-        vocab = self.target.vocab_size
-        ids = []
-        for i, t in enumerate(prompt):
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                raise PromptError(f"prompt token {i} is {t!r}, not an integer token id")
-            if not 0 <= t < vocab:
-                raise PromptError(f"prompt token id {t} (position {i}) is outside the vocabulary [0, {vocab})")
-            ids.append(int(t))
-        return ids
+        return self.prompts.token_ids(prompt)
 
     def generate(
         self,
@@ -326,20 +308,7 @@ class Engine:
         options = GenerationOptions() if options is None else options
         if not isinstance(options, GenerationOptions):
             raise OptionsError(f"options must be a specrt.GenerationOptions, got {type(options).__name__}")
-        if isinstance(prompt, str):
-            ids = self.encode(prompt, chat, system)
-        elif chat or system is not None:
-            raise OptionsError("chat=True and system need a text prompt, not token ids")
-        else:
-            ids = self.token_ids(prompt)
-        if not ids:
-            raise PromptError("the prompt is empty; give at least one token of text")
-        if len(ids) >= self.max_seq_len:
-            raise PromptError(
-                f"the prompt has {len(ids)} tokens but {self.target.bundle.path} holds at most {self.max_seq_len} "
-                "(max_seq_len), leaving no room to generate; shorten the prompt or re-export with a larger "
-                "--max-seq-len"
-            )
+        ids = self.prompts.ids(prompt, chat, system)
         request = Request(ids, options, set(self.tokenizer.eos_token_ids), self.max_seq_len)
         if options.num_draft_tokens != 0:
             request.drafters = [d for d in (self.ngram, self.draft) if d is not None]
@@ -348,16 +317,3 @@ class Engine:
     def complete(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **kw) -> Generation:
         """Run a generation to the end and return it (text, token_ids, stats, finish_reason)."""
         return self.generate(prompt, options, **kw).consume()
-
-
-def _check_text(what: str, text: str | None) -> None:
-    """Text must be valid Unicode: a lone surrogate (say, from undecodable command-line bytes) has no UTF-8 form."""
-    if text is None:
-        return
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise PromptError(
-            f"the {what} is not valid Unicode text: lone surrogate U+{ord(text[e.start]):04X} at character "
-            f"{e.start}; pass UTF-8 text"
-        ) from None
