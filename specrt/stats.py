@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Stats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the KV slot it was given (not prefilled again)
     new_tokens: int = 0
     rounds: int = 0  # target passes after prefill (decode steps or verify passes)
     drafted: int = 0
@@ -52,6 +53,7 @@ class Stats:
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "new_tokens": self.new_tokens,
             "finish_reason": self.finish_reason,
             "target_passes": self.rounds,

@@ -200,6 +200,29 @@ def test_metrics_count_what_happened(server):
     )
 
 
+def test_a_repeated_prompt_is_served_from_the_kv_cache_and_counted(server):
+    """A prompt a free slot already holds is not prefilled again: usage says how much was cached (OpenAI's
+    prompt_tokens_details.cached_tokens) and the prefix-cache counters add it up."""
+    client = server.client()
+    prompt = "def cached_prefix_example(a, b, c):\n    return"
+    before = metrics(server)
+    first = ask_once(client, prompt)
+    second = ask_once(client, prompt)
+    after = metrics(server)
+    n = first.usage.prompt_tokens
+    assert second.usage.prompt_tokens == n and second.choices[0].text == first.choices[0].text
+    assert second.usage.prompt_tokens_details.cached_tokens == n - 1  # all but the token fed for the logits
+    hits = "specrt:prefix_cache_hits_total"
+    queries = "specrt:prefix_cache_queries_total"
+    assert after["specrt:prefix_cache_queries"][queries] - before["specrt:prefix_cache_queries"][queries] == 2 * n
+    got = after["specrt:prefix_cache_hits"][hits] - before["specrt:prefix_cache_hits"][hits]
+    assert got == first.usage.prompt_tokens_details.cached_tokens + n - 1
+
+
+def ask_once(client, prompt: str):
+    return client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+
+
 @pytest.mark.parametrize(
     "path,body,status,param",
     [

@@ -20,6 +20,7 @@ class EngineStats:
         self.accepted_per_position: Counter = Counter()  # draft position (1-based) -> accepted
         self.queue_wait_s: list[float] = []  # per admitted request (the last 1000)
         self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0  # of those, found in the slot's cache (not prefilled)
         self.generated_tokens = 0
         self.requests: Counter = Counter()  # finish reason -> requests
 
@@ -36,6 +37,7 @@ class EngineStats:
             "accepted_per_position": dict(sorted(dict(self.accepted_per_position).items())),
             "queue_wait_p50_s": waits[len(waits) // 2] if waits else 0.0,
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "generated_tokens": self.generated_tokens,
             "requests": dict(self.requests),
         }

@@ -51,6 +51,14 @@ class EngineCollector:
         for rows, n in sorted(s["batch_sizes"].items()):
             batch.add_metric([str(rows)], n)
         yield batch
+        yield CounterMetricFamily(  # vLLM's names: tokens looked up in the prefix cache, and found there
+            "specrt:prefix_cache_queries", "Prompt tokens of admitted requests.", value=s.get("prompt_tokens", 0)
+        )
+        yield CounterMetricFamily(
+            "specrt:prefix_cache_hits",
+            "Prompt tokens found in the KV slot a request was given (not prefilled again).",
+            value=s.get("cached_prompt_tokens", 0),
+        )
         moved = CounterMetricFamily(
             "specrt:transfer_bytes", "Bytes copied between host and device (to_host: read back).", labels=["direction"]
         )

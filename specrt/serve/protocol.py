@@ -222,6 +222,10 @@ def usage(prompt_tokens: int, completion_tokens: int, stats: dict | None = None)
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if stats is not None and "cached_tokens" in stats:  # as OpenAI reports its prompt cache
+        out["prompt_tokens_details"] = {"cached_tokens": stats["cached_tokens"]}
+    if stats is not None and "replica" in stats:  # specrt's extension (on Ray Serve): which replica answered
+        out["replica"] = stats["replica"]
     if stats is not None:  # specrt's extension: what speculation did for this request
         out["speculative"] = {
             "drafted_tokens": stats["drafted"],
