@@ -209,6 +209,22 @@ def llama_servers(args, bin_dir: Path | None, concurrency: int) -> list[tuple[st
     ]
 
 
+def alternate(args, urls: dict[str, str], c: int) -> dict[str, tuple[list, float]]:
+    """One level, interleaved: max(2c, --requests) requests split into --rounds parts, every server (name ->
+    URL) taking each part in turn, the order reversed every other part. Per server: results and wall time."""
+    n = max(2 * c, args.requests)
+    parts = [n // args.rounds + (1 if i < n % args.rounds else 0) for i in range(args.rounds)]
+    done: dict[str, tuple[list, float]] = {name: ([], 0.0) for name in urls}
+    first = 0
+    for rnd, part in enumerate(p for p in parts if p):
+        for name in kit.interleave(urls, rnd):
+            args.url = urls[name]
+            results, wall = run_requests(args, c, part, first)
+            done[name] = (done[name][0] + results, done[name][1] + wall)
+        first += part
+    return done
+
+
 def suite(args) -> list[dict]:
     """specrt serve with auto k, with k = 0 and with fixed k, and llama-server with and without its draft,
     at each concurrency, INTERLEAVED: the three specrt servers run for the whole suite, the two llama-servers
@@ -250,16 +266,7 @@ def suite(args) -> list[dict]:
             for name, cmd in per_level:
                 launch(name, cmd)
             names = [name for name, _ in fixed] + [name for name, _ in per_level]
-            n = max(2 * c, args.requests)
-            parts = [n // args.rounds + (1 if i < n % args.rounds else 0) for i in range(args.rounds)]
-            done: dict[str, tuple[list, float]] = {name: ([], 0.0) for name in names}
-            first = 0
-            for rnd, part in enumerate(p for p in parts if p):
-                for name in kit.interleave(names, rnd):
-                    args.url = servers[name][1]
-                    results, wall = run_requests(args, c, part, first)
-                    done[name] = (done[name][0] + results, done[name][1] + wall)
-                first += part
+            done = alternate(args, {name: servers[name][1] for name in names}, c)
             for name in names:
                 row = summarize(*done[name])
                 rows.append({"config": name, "concurrency": c} | row)

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 here=$(pwd -P)
 if ! .venv/bin/python - "$here" 2>/dev/null <<'PY'; then
-import sys, specrt, specrt.export, torch, pytest, hypothesis, openai, starlette, ruff  # noqa
+import sys, specrt, specrt.export, torch, pytest, hypothesis, openai, starlette, ruff, ray.serve  # noqa
 assert specrt.__file__.startswith(sys.argv[1]), specrt.__file__  # installed from this checkout
 PY
     echo "== installing specrt with the exporter and the test tools into .venv" >&2

@@ -6,6 +6,7 @@ the traceback instead. The exporter is imported only by `specrt export`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from .cli_options import DraftCount, PathType, engine_options, export_options
+from .cli_options import DraftCount, PathType, engine_options, export_options, ray_options
 from .errors import BundleError, OptionsError, SpecrtError
 from .version import __version__
 
@@ -198,6 +199,7 @@ def bench(prompts_file, ks, max_new_tokens, repeats, warmup, temperature, seed, 
 @click.option("--top-k", type=int, default=0, show_default=True, help="Default top_k (0: off).")
 @click.option("-k", "--num-draft-tokens", type=DraftCount(), default="auto", show_default=True, help="Default k.")
 @click.option("--drain-seconds", type=float, default=30.0, show_default=True, help="Grace for running requests.")
+@ray_options
 def serve(host, port, max_batch, max_queue, api_key, model_name, max_tokens, temperature, top_p, top_k, **kw):
     """An OpenAI-compatible HTTP server (needs: pip install 'specrt[serve]')."""
     try:
@@ -220,8 +222,32 @@ def serve(host, port, max_batch, max_queue, api_key, model_name, max_tokens, tem
     name = model_name or open_bundle(kw["target"]).name
     key = api_key or os.environ.get("SPECRT_API_KEY") or None
     config = ServeConfig(name, max_queue, key, defaults, drain)
+    scale = {key: kw.pop(key) for key in ("ray", "replicas", "min_replicas", "router", "ray_address")}
+    if scale.pop("ray"):
+        return _serve_on_ray(kw, config, max_batch, host, port, scale)
     click.echo(f"specrt serve: {name} on http://{host}:{port}/v1 (max batch {max_batch}, queue {max_queue})", err=True)
     run(lambda: _load(dict(kw), max_batch=max_batch), config, host, port)
+
+
+def _serve_on_ray(kw: dict, config, max_batch: int, host: str, port: int, scale: dict) -> None:
+    try:
+        from .scale.app import ScaleConfig, run
+    except ImportError as e:
+        raise OptionsError(
+            f"specrt serve --ray needs the [ray] extra ({e.name} is missing): pip install 'specrt[ray]'"
+        ) from None
+    address = scale.pop("ray_address")
+    c = ScaleConfig(
+        str(kw["target"]), functools.partial(_load, dict(kw), max_batch=max_batch), config, max_batch, **scale
+    )
+    where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
+    count = f"{c.min_replicas}..{c.replicas}" if c.min_replicas is not None else str(c.replicas)
+    click.echo(
+        f"specrt serve --ray: {config.model_name} on http://{host}:{port}/v1, {count} replicas of max batch "
+        f"{max_batch} on {where}, {c.router} routing",
+        err=True,
+    )
+    run(c, host, port, address)
 
 
 @cli.command()

@@ -147,3 +147,31 @@ def export_options(f):
     ):
         f = decorator(f)
     return f
+
+
+def ray_options(f):
+    """`specrt serve --ray`: the engine as replicas on Ray Serve (specrt/scale/)."""
+    for decorator in reversed(
+        [
+            click.option("--ray", "ray", is_flag=True, help="Serve through Ray Serve replicas (needs specrt[ray])."),
+            click.option("--replicas", type=int, default=1, show_default=True, help="Engine replicas (--ray)."),
+            click.option(
+                "--min-replicas",
+                type=int,
+                default=None,
+                help="Autoscale between this and --replicas, targeting --max-batch requests per replica (--ray).",
+            ),
+            click.option(
+                "--router",
+                type=click.Choice(["affinity", "pow2"]),
+                default="affinity",
+                show_default=True,
+                help="affinity: a prompt goes to the replica caching its prefix; pow2: Ray Serve's default (--ray).",
+            ),
+            click.option(
+                "--ray-address", default=None, help="An existing Ray cluster (e.g. auto) [default: start a local one]."
+            ),
+        ]
+    ):
+        f = decorator(f)
+    return f

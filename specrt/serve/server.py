@@ -26,10 +26,10 @@ from starlette.routing import Route
 
 from ..errors import PromptError, SpecrtError
 from .metrics import Metrics
+from .progress import Progress
 from .protocol import Defaults, Parsed, RequestError, chunk, new_id, parse, response, usage, usage_chunk
 
 MAX_BODY = 4 << 20  # bytes of a request body
-STALL_S = 60.0  # /health fails when the scheduler has not finished a round for this long with work queued
 _DONE = object()
 
 
@@ -72,7 +72,7 @@ class Server:
         self.draining = False
         self.inflight = 0  # requests admitted and not finished
         self.metrics = Metrics(self._engine_stats)
-        self._last_round = (0, time.monotonic())
+        self.progress = Progress()
         if self.engine is None:
             threading.Thread(target=self._load, args=(engine_or_loader,), daemon=True).start()
 
@@ -97,12 +97,9 @@ class Server:
         if self.draining:
             return _error(RequestError("the server is shutting down", status=503, code="unavailable"))
         s = self.engine.stats
-        rounds, since = self._last_round
-        now = time.monotonic()
-        if s["rounds"] != rounds or not (s["running"] or s["waiting"]):
-            self._last_round = (s["rounds"], now)
-        elif now - since > STALL_S:
-            message = f"the scheduler has made no progress for {now - since:.0f} s with work queued"
+        stalled = self.progress.stalled_for(s.get("progress", s["rounds"]), bool(s["running"] or s["waiting"]))
+        if stalled is not None:
+            message = f"the scheduler has made no progress for {stalled:.0f} s with work queued"
             return _error(RequestError(message, status=503, code="unavailable"))
         body = {"status": "ok", "running": s["running"], "waiting": s["waiting"], "rounds": s["rounds"]}
         return JSONResponse(body)
