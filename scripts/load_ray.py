@@ -3,20 +3,22 @@
 
     python scripts/load_ray.py --out results/ray            # about 20 minutes on 2 cores (int4 pair)
 
-One local Ray cluster holds four applications of the same bundles, and `specrt serve` runs beside it:
+One local Ray cluster holds three applications of the same bundles, and `specrt serve` runs beside it:
 - "serve, 2 threads": `specrt serve --threads 2` (the reference);
 - "ray 1x2": Ray Serve, 1 replica of 2 threads (the Ray layer's cost: the same engine behind Serve's
   proxy, a front end replica and a handle);
-- "ray 1x1" and "ray 2x1": 1 and 2 replicas of 1 thread each (replica scaling on 2 cores shows correctness
-  and overheads, not speedups: two replicas share the cores one server had);
+- "ray 2x1": 2 replicas of 1 thread each (replica scaling on 2 cores shows correctness and overheads, not
+  speedups: two replicas share the cores one server had);
 - "ray 2x1 pow2": 2 replicas under Ray Serve's default router, for the conversation workload.
 
 Sweep: at each concurrency, `--requests` streamed completions (the mixed prompts, `--max-tokens`, EOS
 ignored, greedy) split into `--rounds` parts that every configuration takes in turn (order reversed every
 other part), so this machine's drift falls on all alike: throughput, TTFT and ITL p50 / p99.
 
-Conversations: `--conversations` chats run at once, each `--turns` turns long, every turn's prompt the whole
-history so far (a system prompt, the earlier questions and answers, the new question): the affinity router
+Conversations: `--conversations` chats, each `--turns` turns long, every turn's prompt the whole history so
+far (a system prompt, the earlier questions and answers, the new question), `--parallel` turns in flight at
+once (more chats than requests in flight, as with many users; with as many in flight as the replicas have
+slots, a full replica forces each chat back to the one holding it, whatever the router): the affinity router
 (the replica holding the history's prefix) against Ray's power-of-two router, alternating rounds. Counted:
 TTFT p50 / p99 and prompt tokens actually prefilled (usage.prompt_tokens - prompt_tokens_details.cached_tokens).
 Writes <out>/ray.json, ray.md.
@@ -56,10 +58,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ray(args) -> dict[str, str]:
-    """The local cluster and its applications; returns name -> base URL."""
+APPS = {  # name -> (replicas, threads per replica, router)
+    "ray 1x2": (1, 2, "affinity"),
+    "ray 2x1": (2, 1, "affinity"),
+    "ray 2x1 pow2": (2, 1, "pow2"),
+}
+
+
+def start_ray() -> str:
+    """The local cluster and Serve's proxy; returns its URL."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
+    from ray import serve
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+    return f"http://127.0.0.1:{port}"
+
+
+def deploy(args, base: str, name: str) -> str:
+    """One application of APPS under /app<i>; returns its URL once it answered one untimed request."""
     from ray import serve
 
     import specrt
@@ -67,20 +86,21 @@ def start_ray(args) -> dict[str, str]:
     from specrt.serve.protocol import Defaults
     from specrt.serve.server import ServeConfig
 
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+    replicas, threads, router = APPS[name]
     config = ServeConfig(args.model, max_queue=1000, defaults=Defaults(max_tokens=args.max_tokens, temperature=0.0))
-    apps = {"ray 1x2": (1, 2, "affinity"), "ray 1x1": (1, 1, "affinity"), "ray 2x1": (2, 1, "affinity")}
-    apps["ray 2x1 pow2"] = (2, 1, "pow2")
-    urls = {}
-    for i, (name, (replicas, threads, router)) in enumerate(apps.items()):
-        loader = functools.partial(specrt.load, args.target, args.draft, threads=threads, max_batch=args.max_batch)
-        c = ScaleConfig(args.target, loader, config, args.max_batch, replicas, router=router)
-        kit.log(f"deploying {name}")
-        serve.run(build(c), name=f"app{i}", route_prefix=f"/app{i}")
-        urls[name] = f"http://127.0.0.1:{port}/app{i}"
-    return urls
+    loader = functools.partial(specrt.load, args.target, args.draft, threads=threads, max_batch=args.max_batch)
+    c = ScaleConfig(args.target, loader, config, args.max_batch, replicas, router=router)
+    route = f"app{list(APPS).index(name)}"
+    serve.run(build(c), name=route, route_prefix=f"/{route}")
+    return warm(args, name, f"{base}/{route}", replicas)
+
+
+def warm(args, name: str, url: str, replicas: int) -> str:
+    """Untimed: first runs, cost profiles read (or measured); one request per replica, at once."""
+    args.url = url
+    load_test.run_requests(args, replicas, replicas, 10_000)
+    kit.log(f"warmed {name}")
+    return url
 
 
 def sweep(args, urls: dict[str, str], names: list[str]) -> list[dict]:
@@ -116,19 +136,21 @@ def chat_turn(url: str, model: str, prompt: str, max_tokens: int) -> dict:
 
 
 def conversations(args, url: str, seed: int) -> list[dict]:
-    """`args.conversations` chats at once, each turn waiting for the last answer."""
+    """`args.conversations` chats, turn by turn: at each turn every chat asks its next question, from
+    `args.parallel` client threads (more chats than requests in flight, as with many users)."""
+    history = [f"{SYSTEM}(conversation {seed}-{i})\n" for i in range(args.conversations)]
+    turns = []
+    for t in range(args.turns):
 
-    def chat(i: int) -> list[dict]:
-        history, turns = f"{SYSTEM}(conversation {seed}-{i})\n", []
-        for t in range(args.turns):
-            history += f"User: {QUESTIONS[(i + t) % len(QUESTIONS)]}\nAssistant:"
-            turn = chat_turn(url, args.model, history, args.chat_tokens)
-            history += turn["text"] + "\n"
-            turns.append(turn | {"turn": t})
-        return turns
+        def turn(i: int, t: int = t) -> dict:
+            history[i] += f"User: {QUESTIONS[(i + t) % len(QUESTIONS)]}\nAssistant:"
+            got = chat_turn(url, args.model, history[i], args.chat_tokens)
+            history[i] += got["text"] + "\n"
+            return got | {"turn": t}
 
-    results, _ = kit.run_clients(chat, range(args.conversations), args.conversations)
-    return [turn for turns in results for turn in turns]
+        results, _ = kit.run_clients(turn, range(args.conversations), args.parallel)
+        turns += results
+    return turns
 
 
 def conversation_rows(args, urls: dict[str, str]) -> list[dict]:
@@ -194,7 +216,8 @@ def main() -> int:
     parser.add_argument("--concurrency", nargs="*", type=int, default=[1, 4])
     parser.add_argument("--requests", type=int, default=8, help="per level")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--conversations", type=int, default=8)
+    parser.add_argument("--parallel", type=int, default=4, help="conversation turns in flight at once")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--chat-tokens", type=int, default=24)
     parser.add_argument("--no-sweep", action="store_true")
@@ -203,16 +226,23 @@ def main() -> int:
     args.prompts, args.seed, args.temperature, args.api_key = None, 0, 0.0, None
     serve_cmd = [str(kit.SPECRT_CLI), "serve", "--target", args.target, "--draft", args.draft, "--threads", "2"]
     serve_cmd += ["--max-batch", str(args.max_batch), "--model-name", args.model, "--max-queue", "1000"]
-    server = None
+    # In two phases: every engine holds max_batch full-length KV slots of both models (about 3 GB for the
+    # int4 pair), so the five engines of all configurations at once would not fit in 24 GiB.
+    server, sweep_rows = None, []
     try:
-        urls = start_ray(args)
-        server, urls["serve, 2 threads"] = kit.start_server(serve_cmd)
-        for name, url in urls.items():  # one untimed request each: first runs, cost profiles read
-            args.url = url
-            load_test.run_requests(args, 1, 1, 10_000)
-            kit.log(f"warmed {name}")
-        names = ["serve, 2 threads", "ray 1x2", "ray 1x1", "ray 2x1"]
-        sweep_rows = [] if args.no_sweep else sweep(args, urls, names)
+        base = start_ray()
+        from ray import serve
+
+        urls = {"ray 2x1": deploy(args, base, "ray 2x1")}
+        if not args.no_sweep:
+            server, url = kit.start_server(serve_cmd)
+            urls["serve, 2 threads"] = warm(args, "serve, 2 threads", url, 1)
+            urls["ray 1x2"] = deploy(args, base, "ray 1x2")
+            sweep_rows = sweep(args, urls, ["serve, 2 threads", "ray 1x2", "ray 2x1"])
+            kit.stop_server(server)
+            server = None
+            serve.delete(f"app{list(APPS).index('ray 1x2')}")
+        urls["ray 2x1 pow2"] = deploy(args, base, "ray 2x1 pow2")
         chat_rows = conversation_rows(args, urls)
     finally:
         if server is not None:

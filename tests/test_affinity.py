@@ -82,4 +82,10 @@ def test_a_replica_full_of_one_prefix_counts_as_its_slots_not_its_prompts():
         assert pick.replica == "b"
     conversation = [1000 * 0 + t for t in range(12)]
     table.record_prompt(conversation + [7] * 8, "b")  # its next turn extends it: still one context
-    assert table.choose(list(range(5000, 5012)), {"a": 0, "b": 0}).replica == "a"  # a: 4, b: 4 -> first
+    for i in range(4):  # both full: new conversations go where the stalest context is, a's questions
+        ids = [7000 + 100 * i + t for t in range(12)]
+        pick = table.choose(ids, {"b": 0, "a": 0})
+        table.record_prompt(ids, pick.replica)
+        assert pick.replica == "a"
+    ids = list(range(9000, 9012))  # now b's conversations 1-3 are the stalest
+    assert table.choose(ids, {"a": 0, "b": 0}).replica == "b"

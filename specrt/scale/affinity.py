@@ -14,9 +14,10 @@ throws most of it away once there are several replicas. This module is the decis
   candidate by more than `slack` requests (then cached tokens are worth less than waiting); otherwise, and
   for a prompt nobody has seen, the least busy candidate wins; among equally busy ones, the one holding the
   fewest contexts (each replica's last `slots` prompts, a prompt that extends an earlier one replacing it,
-  as its engine's KV slots would), so that new conversations spread over the replicas' slots instead of
-  piling into one replica's, evicting each other while the other's slots sit idle. Once the request is on
-  a replica, `record_prompt` notes that replica as holding all the prompt's prefixes.
+  as its engine's KV slots would), and among full ones the one whose oldest context is stalest, so that
+  new conversations spread over the replicas' slots instead of piling into one replica's, evicting each
+  other while the other's slots sit idle. Once the request is on a replica, `record_prompt` notes that
+  replica as holding all the prompt's prefixes.
 
 A replica that is not among the candidates (gone, restarting) is simply not chosen: its names age out.
 """
@@ -58,7 +59,8 @@ class PrefixTable:
             )
         self.block, self.capacity, self.slack, self.slots = block, capacity, slack, slots
         self._owner: OrderedDict[bytes, Hashable] = OrderedDict()
-        self._contexts: dict[Hashable, OrderedDict[bytes, None]] = {}  # replica -> its prompts' last names
+        self._contexts: dict[Hashable, OrderedDict[bytes, int]] = {}  # replica -> its prompts' last names
+        self._recorded = 0  # prompts recorded so far: when each context was last used
 
     def holder(self, names: Sequence[bytes], candidates: Mapping[Hashable, int]) -> tuple[Hashable | None, int]:
         """The candidate holding the longest prefix among `names`, and how many blocks it holds."""
@@ -73,13 +75,21 @@ class PrefixTable:
         between equally loaded replicas go to the first in `load`'s order (the caller shuffles it)."""
         if not load:
             raise ValueError("no candidate replicas")
-        least = min(load, key=lambda r: (load[r], len(self._contexts.get(r, ()))))
+        least = min(load, key=lambda r: (load[r], *self._room(r)))
         owner, blocks = self.holder(block_names(ids, self.block), load)
         if owner is None:
             return Pick(least, 0, "new")
         if load[owner] - load[least] > self.slack:
             return Pick(least, 0, "balance")
         return Pick(owner, blocks * self.block, "prefix")
+
+    def _room(self, replica: Hashable) -> tuple[int, int]:
+        """How a new context would fit on a replica: its contexts held, then when its oldest was last used
+        (a full replica whose oldest context is stalest loses the least by taking a new one)."""
+        contexts = self._contexts.get(replica)
+        if not contexts:
+            return (0, -1)
+        return (len(contexts), next(iter(contexts.values())) if len(contexts) >= self.slots else -1)
 
     def record_prompt(self, ids: Sequence[int], replica: Hashable) -> None:
         """The request with these prompt ids runs on `replica`: it will hold all their prefixes."""
@@ -95,7 +105,8 @@ class PrefixTable:
         for name in names:  # an earlier prompt this one repeats or extends: its slot is reused
             contexts.pop(name, None)
         if names:
-            contexts[names[-1]] = None
+            self._recorded += 1
+            contexts[names[-1]] = self._recorded
         while len(contexts) > self.slots:
             contexts.popitem(last=False)
 

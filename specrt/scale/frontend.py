@@ -70,7 +70,8 @@ class RemoteGeneration:
                     self.token_ids += ids
                     self.text += text
                     self.engine.progress += 1
-                    yield text
+                    if text:
+                        yield text
                 else:
                     self.finish_reason, values, ids = rest
                     self.token_ids += ids

@@ -1,10 +1,11 @@
 """The engine replica: one specrt Engine per Ray Serve replica, its generations streamed back to the front end.
 
 `generate(job)` is an async generator (Ray Serve cancels an async generator at its next await when the
-caller goes away; a synchronous one would run to its end): it starts the engine's Generation and hands
-each text piece over as it comes, waited for in a worker thread so that the replica's event loop never
-blocks on the engine. What it yields: ("piece", text, new token ids) per piece, then ("end", finish reason,
-the generation's stats with this replica's id, token ids not yet sent). A cancelled or failed call closes
+caller goes away; a synchronous one would run to its end): a thread reads the engine's Generation into a
+queue, and the generator hands over everything ready at once, so that a message crosses the handle per
+wait rather than per token (each message costs the replica and the front end CPU the engine needs). What
+it yields: ("piece", text, new token ids), then ("end", finish reason, the generation's stats with this
+replica's id, []). A cancelled or failed call closes
 the Generation, so its KV slot is free before the engine's next round.
 
 Health: Ray Serve calls `check_health` every `health_check_period_s`; it fails while the engine has work
@@ -15,6 +16,7 @@ names `ray_specrt_*`, tagged with the deployment and replica by Ray Serve) for a
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -27,6 +29,26 @@ from ..options import GenerationOptions
 from ..serve.progress import STALL_S, Progress
 
 _DONE = object()
+
+
+def _read(gen, ready: queue.SimpleQueue, failed: list) -> None:
+    """The generation's pieces, with the token ids each brought, into `ready` as the scheduler commits them
+    (a thread of its own: the replica's event loop hands each message over while the next tokens come)."""
+    sent = 0
+    try:
+        for piece in gen:
+            ids = gen.token_ids[sent:]
+            sent += len(ids)
+            ready.put((piece, ids))
+        ids = gen.token_ids[sent:]
+        if ids:  # tokens that brought no text (held back, or a stop string)
+            ready.put(("", ids))
+    except BaseException as e:  # noqa: BLE001 - handed to the caller
+        failed.append(e)
+    finally:
+        ready.put(_DONE)
+
+
 COUNTERS = {  # engine stats key -> (metric name, description)
     "rounds": ("specrt_engine_rounds", "Scheduler rounds (one batched verify pass each)."),
     "draft_tokens": ("specrt_draft_tokens", "Tokens drafted."),
@@ -63,19 +85,28 @@ class EngineReplica:
 
     async def generate(self, job: Job) -> AsyncIterator[tuple]:
         gen = self.engine.generate(job.prompt_ids, job.options)
-        pieces, sent = iter(gen), 0
+        ready: queue.SimpleQueue = queue.SimpleQueue()
+        failed: list[BaseException] = []
+        threading.Thread(target=_read, args=(gen, ready, failed), daemon=True).start()
         try:
             while True:
-                piece = await anyio.to_thread.run_sync(next, pieces, _DONE, abandon_on_cancel=True)
-                if piece is _DONE:
+                item = await anyio.to_thread.run_sync(ready.get, abandon_on_cancel=True)
+                items = [item]
+                while item is not _DONE and not ready.empty():  # whatever else is ready goes in one message
+                    item = ready.get_nowait()
+                    items.append(item)
+                pieces = [i for i in items if i is not _DONE]
+                if pieces:
+                    yield ("piece", "".join(t for t, _ in pieces), [x for _, ids in pieces for x in ids])
+                if item is _DONE:
                     break
-                ids = gen.token_ids[sent:]
-                sent += len(ids)
-                yield ("piece", piece, ids)
+            if failed:
+                raise failed[0]
             stats = gen.stats.to_dict() | {"replica": self.replica}
-            yield ("end", gen.finish_reason, stats, gen.token_ids[sent:])
-        finally:  # cancelled (the client went away) or failed: free the slot now
+            yield ("end", gen.finish_reason, stats, [])
+        finally:  # cancelled (the client went away) or failed: free the slot now, wake a waiting get
             gen.close()
+            ready.put(_DONE)
 
     def check_health(self) -> None:
         s = self.engine.stats
