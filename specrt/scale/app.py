@@ -62,7 +62,7 @@ class ScaleConfig:
                 f"--replicas must be >= 1 and --min-replicas in 0..--replicas; got {self.replicas}, {self.min_replicas}"
             )
         if self.replica_cpus < 0:
-            raise OptionsError(f"--replica-cpus must be >= 0; got {self.replica_cpus}")
+            raise OptionsError(f"replica_cpus must be >= 0; got {self.replica_cpus}")
 
 
 def engine_options(c: ScaleConfig) -> dict:

@@ -52,10 +52,6 @@ class RemoteGeneration:
         self._response = None
         self._closed = False
 
-    @property
-    def replica(self) -> str | None:
-        return self.stats.values.get("replica")
-
     def __iter__(self) -> Iterator[str]:
         if self._response is not None or self._closed:
             raise RuntimeError("a RemoteGeneration can be iterated only once")
@@ -73,8 +69,7 @@ class RemoteGeneration:
                     if text:
                         yield text
                 else:
-                    self.finish_reason, values, ids = rest
-                    self.token_ids += ids
+                    self.finish_reason, values = rest
                     self.stats = RemoteStats(values)
                     self.engine.finished(values)
 
@@ -85,11 +80,6 @@ class RemoteGeneration:
             self.finish_reason = "cancelled"
             if self._response is not None:
                 self._response.cancel()
-
-    def consume(self) -> RemoteGeneration:
-        for _ in self:
-            pass
-        return self
 
 
 class RemoteEngine:
@@ -107,9 +97,6 @@ class RemoteEngine:
 
     def generate(self, prompt: str | Sequence[int], options: GenerationOptions | None = None) -> RemoteGeneration:
         return RemoteGeneration(self, self.prompts.ids(prompt), options or GenerationOptions())
-
-    def complete(self, prompt: str | Sequence[int], options: GenerationOptions | None = None) -> RemoteGeneration:
-        return self.generate(prompt, options).consume()
 
     @contextlib.contextmanager
     def flying(self, gen: RemoteGeneration) -> Iterator[None]:

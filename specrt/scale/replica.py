@@ -5,7 +5,7 @@ caller goes away; a synchronous one would run to its end): a thread reads the en
 queue, and the generator hands over everything ready at once, so that a message crosses the handle per
 wait rather than per token (each message costs the replica and the front end CPU the engine needs). What
 it yields: ("piece", text, new token ids), then ("end", finish reason, the generation's stats with this
-replica's id, []). A cancelled or failed call closes
+replica's id). A cancelled or failed call closes
 the Generation, so its KV slot is free before the engine's next round.
 
 Health: Ray Serve calls `check_health` every `health_check_period_s`; it fails while the engine has work
@@ -103,7 +103,7 @@ class EngineReplica:
             if failed:
                 raise failed[0]
             stats = gen.stats.to_dict() | {"replica": self.replica}
-            yield ("end", gen.finish_reason, stats, [])
+            yield ("end", gen.finish_reason, stats)
         finally:  # cancelled (the client went away) or failed: free the slot now, wake a waiting get
             gen.close()
             ready.put(_DONE)
