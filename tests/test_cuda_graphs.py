@@ -82,6 +82,20 @@ def test_padded_runs_give_the_same_tokens_and_pass_their_graph_ids(engines, monk
     assert draft.shapes and sum(c.runs for c in draft.shapes.values()) > 0
 
 
+@pytest.mark.parametrize("k", [0, 3])
+def test_sampled_requests_stay_equal_one_after_another(zoo, engines, k):
+    """Request after request in the same slots: a sampler graph reads the logits of a prefill (the session's
+    buffer) and of padded decode steps (the graphs' buffer) through one IO binding, so a binding remembered by
+    the wrong buffer would sample from stale logits (it did, from the fourth request on). A fresh engine: which buffer bound last
+    depends on every run before."""
+    graphs = SessionOptions(cuda_graphs=True)
+    plain, graphs = engines["plain"], Engine(zoo.target(), zoo.noisy_draft(), graphs, graphs, max_batch=4)
+    for rep in range(3):
+        for i, prompt in enumerate(PROMPTS):
+            o = GenerationOptions(max_new_tokens=16, num_draft_tokens=k, temperature=0.8, seed=i, ignore_eos=True)
+            assert graphs.complete(prompt, o).token_ids == plain.complete(prompt, o).token_ids, (rep, i)
+
+
 def test_each_shape_keeps_its_buffers(engines):
     """A captured graph replays with the addresses it was captured with: every run of a shape writes its
     inputs into the same buffer, bound once."""

@@ -162,12 +162,32 @@ def shared_prefix_run(url: str, n: int = 12) -> dict:
     return {r: replicas.count(r) for r in set(replicas)}
 
 
+def conversations_run(url: str, chats: int = 8, turns: int = 3) -> tuple[int, int]:
+    """`chats` conversations, one turn each in turn, every prompt the conversation's whole history: more
+    histories than one replica has slots (4), as many as two have. Prompt tokens, and those prefilled."""
+    c = client(url)
+    history = [f"Conversation {i} about topic {i * 7}. " * 6 for i in range(chats)]
+    prompt = prefilled = 0
+    for t in range(turns):
+        for i in range(chats):
+            history[i] += f"Question {t}:"
+            out = ask(c, history[i], 6)
+            history[i] += out.choices[0].text
+            prompt += out.usage.prompt_tokens
+            prefilled += out.usage.prompt_tokens - out.usage.prompt_tokens_details.cached_tokens
+    return prompt, prefilled
+
+
 def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica(two, zoo, cluster):
     counts = shared_prefix_run(two)
     assert len(counts) == 1, counts  # all on the replica holding the prefix
+    prompt, prefilled = conversations_run(two)
     default = deploy(zoo, cluster, "pow2", router="pow2")
     counts_default = shared_prefix_run(default)
     assert len(counts_default) == 2, counts_default  # Ray's default spreads them (all on one: p = 1/2048)
+    prompt_default, prefilled_default = conversations_run(default)
+    assert prompt == prompt_default  # the same conversations (greedy)...
+    assert prefilled_default > 1.5 * prefilled, (prefilled, prefilled_default)  # ...at less prefill work
     from ray import serve
 
     serve.delete("pow2")

@@ -56,6 +56,8 @@ class Scheduler:
         self.runner = runner
         self.prepare = prepare  # called with each request once it has a slot, before its prefill
         self.slots: list[Request | None] = [None] * slots
+        self.freed: list[int] = [-1] * slots  # when each slot was last freed (admissions so far; -1: never used)
+        self._admitted = 0
         self.waiting: deque[Request] = deque()
         self.chunk = chunk
         self.batch_cost: BatchCost | None = None  # set by the engine when it runs auto k at batch > 1
@@ -94,6 +96,7 @@ class Scheduler:
         if draft is not None:
             draft.kv.rows[slot].truncate(len(r.tokens))
         self.slots[slot] = None
+        self.freed[slot] = self._admitted
 
     def _admit(self) -> None:
         while self.waiting and None in self.slots:
@@ -102,10 +105,14 @@ class Scheduler:
                 r.finish("cancelled")
                 continue
             free = [i for i, s in enumerate(self.slots) if s is None]
-            # The free slot that already holds the longest prefix of this prompt (a follow-up turn, a
-            # repeated system prompt); at least one prompt token is always fed to get the first logits.
+            # The free slot whose cache serves this prompt best (a follow-up turn, a repeated system prompt):
+            # the prefix it holds, less half of what reusing it throws away (the rest of its context, which
+            # a follow-up of its own might have wanted). Where no slot gains, the one freed longest ago
+            # (never used first): the contexts finished most recently stay for the follow-ups most likely to
+            # come. At least one prompt token is always fed, to get the first logits.
             rows = self.runner.target.kv.rows
-            slot = max(free, key=lambda i: (rows[i].common_prefix(r.prompt), -i))
+            slot = max(free, key=lambda i: (_reuse(rows[i], r.prompt), -self.freed[i], -i))
+            self._admitted += 1
             rows[slot].truncate(min(rows[slot].common_prefix(r.prompt), len(r.prompt) - 1))
             if self.runner.draft is not None:
                 draft = self.runner.draft.kv.rows[slot]
@@ -324,3 +331,9 @@ def _catch_up_ms(r: Request, plan: Plan) -> float:
 def _cost(r: Request, drafter: str | None):
     """The request's cost model for `drafter` (None: fixed k, or nothing that drafts)."""
     return r.costs.get(drafter) if r.costs is not None else None
+
+
+def _reuse(row, prompt) -> float:
+    """What a slot's cache is worth to a prompt: the prefix it holds less half of the context it would lose."""
+    common = row.common_prefix(prompt)
+    return max(common - 0.5 * (row.length - common), 0.0)

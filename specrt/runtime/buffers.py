@@ -15,6 +15,7 @@ cross a PCIe bus on a GPU.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +91,12 @@ class HostArrays:
             self.outputs[name] = (key, None)
 
 
+# What each IO binding has bound, by name, whichever buffer bound it: two buffers bind the same name of one
+# binding in turn (a sampler graph reads the logits of a plain run from the session's buffer and those of a
+# padded CUDA-graph run from the graphs' buffer), so a buffer's own memory of its bindings would go stale.
+_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 @dataclass
 class Transfers:
     """Bytes moved between the host and a device, since load (shared by an engine's sessions)."""
@@ -120,7 +127,6 @@ class DeviceBuffer:
         self._value = None  # the OrtValue
         self._ptr: int | None = None  # its address (asked for at every binding check)
         self._host: np.ndarray | None = None  # the CPU provider's backing array
-        self._bound: dict[tuple[int, str], tuple] = {}  # (id(io), name) -> (io, shape, address) bound there
 
     def reserve(self, elements: int) -> None:
         """At least `elements`, growing geometrically (what was stored is not kept)."""
@@ -153,14 +159,17 @@ class DeviceBuffer:
         self._bind(io, name, tuple(shape), io.bind_input, offset)
 
     def _bind(self, io, name: str, shape: tuple[int, ...], bind, offset: int = 0) -> None:
-        """Bind unless `io` already has this buffer, at its current address, with this shape under `name`:
-        binding costs host time on every run, and the same binding is asked for run after run."""
-        entry = self._bound.get((id(io), name))
+        """Bind unless `io` already has this memory, with this shape, under `name`: binding costs host time on
+        every run, and the same binding is asked for run after run."""
         ptr = self._ptr + offset * self.dtype.itemsize
-        if entry is not None and entry[0] is io and entry[1:] == (shape, ptr):
+        key = (self.device, self.device_id, self.dtype, shape, ptr)
+        bound = _BOUND.get(io)
+        if bound is None:
+            bound = _BOUND[io] = {}
+        elif bound.get(name) == key:
             return
         bind(name, self.device, self.device_id, self.dtype, list(shape), ptr)
-        self._bound[id(io), name] = (io, shape, ptr)  # io kept: its id is not reused while it is here
+        bound[name] = key
 
     def read(self, shape: tuple[int, ...], start: int = 0) -> np.ndarray:
         """prod(shape) elements from `start` as a host array (a view on the CPU provider, a copy elsewhere),
