@@ -86,8 +86,8 @@ def test_padded_runs_give_the_same_tokens_and_pass_their_graph_ids(engines, monk
 def test_sampled_requests_stay_equal_one_after_another(zoo, engines, k):
     """Request after request in the same slots: a sampler graph reads the logits of a prefill (the session's
     buffer) and of padded decode steps (the graphs' buffer) through one IO binding, so a binding remembered by
-    the wrong buffer would sample from stale logits (it did, from the fourth request on). A fresh engine: which buffer bound last
-    depends on every run before."""
+    the wrong buffer would sample from stale logits (it did, from the fourth request on). A fresh engine: which
+    buffer bound last depends on every run before."""
     graphs = SessionOptions(cuda_graphs=True)
     plain, graphs = engines["plain"], Engine(zoo.target(), zoo.noisy_draft(), graphs, graphs, max_batch=4)
     for rep in range(3):
