@@ -65,13 +65,14 @@ APPS = {  # name -> (replicas, threads per replica, router)
 }
 
 
-def start_ray() -> str:
-    """The local cluster and Serve's proxy; returns its URL."""
+def start_ray(niceness: int | None) -> str:
+    """The local cluster (its workers at `niceness`: Ray's default is 15) and Serve's proxy; returns its URL."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from ray import serve
 
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    system = {} if niceness is None else {"_system_config": {"worker_niceness": niceness}}
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, **system)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
     return f"http://127.0.0.1:{port}"
@@ -87,7 +88,8 @@ def deploy(args, base: str, name: str) -> str:
     from specrt.serve.server import ServeConfig
 
     replicas, threads, router = APPS[name]
-    config = ServeConfig(args.model, max_queue=1000, defaults=Defaults(max_tokens=args.max_tokens, temperature=0.0))
+    defaults = Defaults(max_tokens=args.max_tokens, temperature=0.0, num_draft_tokens=args.num_draft_tokens)
+    config = ServeConfig(args.model, max_queue=1000, defaults=defaults)
     loader = functools.partial(specrt.load, args.target, args.draft, threads=threads, max_batch=args.max_batch)
     c = ScaleConfig(args.target, loader, config, args.max_batch, replicas, router=router)
     route = f"app{list(APPS).index(name)}"
@@ -179,7 +181,9 @@ def conversation_rows(args, urls: dict[str, str]) -> list[dict]:
 
 
 def report(sweep_rows: list[dict], chat_rows: list[dict], command: str) -> str:
-    md = [f"Command: `{command}`", "", load_test.report(sweep_rows, command).split("\n", 2)[2]]
+    md = [f"Command: `{command}`", ""]
+    if sweep_rows:
+        md.append(load_test.report(sweep_rows, command).split("\n", 2)[2])
     ref = {r["concurrency"]: r for r in sweep_rows if r["config"] == "ray 1x2"}
     base = {r["concurrency"]: r for r in sweep_rows if r["config"].startswith("serve")}
     for c in sorted(ref):
@@ -189,6 +193,8 @@ def report(sweep_rows: list[dict], chat_rows: list[dict], command: str) -> str:
                 f"{ref[c]['output_tokens_per_s'] / base[c]['output_tokens_per_s']:.3f}, TTFT p50 "
                 f"{1000 * (ref[c]['ttft_p50'] - base[c]['ttft_p50']):+.0f} ms"
             )
+    if not chat_rows:
+        return "\n".join(md) + "\n"
     md += ["", "Conversations (every turn's prompt is the whole history so far):", ""]
     md += [
         "| router | turns | prompt tokens | prefilled | TTFT p50 / p99 s | later turns TTFT p50 s |",
@@ -220,17 +226,27 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=4, help="conversation turns in flight at once")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--chat-tokens", type=int, default=24)
+    parser.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=None,
+        help="every engine's k (default: auto, whose choices may differ between two engines of the same pair)",
+    )
     parser.add_argument("--no-sweep", action="store_true")
+    parser.add_argument("--no-conversations", action="store_true")
+    parser.add_argument("--worker-niceness", type=int, help="Ray workers' (Ray's default: 15)")
     parser.add_argument("--out", default=str(kit.ROOT / "results/ray"))
     args = parser.parse_args()
     args.prompts, args.seed, args.temperature, args.api_key = None, 0, 0.0, None
     serve_cmd = [str(kit.SPECRT_CLI), "serve", "--target", args.target, "--draft", args.draft, "--threads", "2"]
     serve_cmd += ["--max-batch", str(args.max_batch), "--model-name", args.model, "--max-queue", "1000"]
+    if args.num_draft_tokens is not None:
+        serve_cmd += ["--num-draft-tokens", str(args.num_draft_tokens)]
     # In two phases: every engine holds max_batch full-length KV slots of both models (about 3 GB for the
     # int4 pair), so the five engines of all configurations at once would not fit in 24 GiB.
     server, sweep_rows = None, []
     try:
-        base = start_ray()
+        base = start_ray(args.worker_niceness)
         from ray import serve
 
         urls = {"ray 2x1": deploy(args, base, "ray 2x1")}
@@ -242,8 +258,10 @@ def main() -> int:
             kit.stop_server(server)
             server = None
             serve.delete(f"app{list(APPS).index('ray 1x2')}")
-        urls["ray 2x1 pow2"] = deploy(args, base, "ray 2x1 pow2")
-        chat_rows = conversation_rows(args, urls)
+        chat_rows = []
+        if not args.no_conversations:
+            urls["ray 2x1 pow2"] = deploy(args, base, "ray 2x1 pow2")
+            chat_rows = conversation_rows(args, urls)
     finally:
         if server is not None:
             kit.stop_server(server)

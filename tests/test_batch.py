@@ -124,6 +124,29 @@ def test_cancelling_frees_the_slot_within_a_round(zoo):
     assert b.finish_reason == "cancelled"
 
 
+def test_a_new_prompt_leaves_the_cached_conversations_alone(zoo):
+    """Sequential requests, two slots: a conversation's follow-up finds its history in a slot although an
+    unrelated prompt came in between (it took the other slot: the one freed longest ago, not the lowest), and
+    a prompt sharing a few tokens with a long context does not throw that context away for them."""
+    engine = specrt.load(zoo.target(), max_batch=2)
+    options = GenerationOptions(max_new_tokens=6, ignore_eos=True)
+    chat = "User: write a function that merges two sorted lists.\nAssistant:"
+    first = engine.complete(chat, options)
+    engine.complete("class Unrelated:", options)
+    follow_up = chat + first.text + "\nUser: now for any number of lists.\nAssistant:"
+    got = engine.generate(follow_up, options)
+    got.consume()
+    held = len(first.prompt_ids) + len(first.token_ids) - 1  # the last token never went through the target
+    assert got.stats.cached_tokens >= held > 20
+    # A prompt sharing only "User: " with the cached history takes the other slot, and the history stays.
+    other = engine.generate("User: hi", options)
+    other.consume()
+    assert other.stats.cached_tokens < 5 and other._request.slot != got._request.slot
+    again = engine.generate(follow_up, options)
+    again.consume()
+    assert again.stats.cached_tokens == len(again.prompt_ids) - 1
+
+
 def test_a_row_reaching_max_seq_len_stops_while_others_go_on(zoo):
     zoo.target()
     short = zoo.bundle("target-short", "target", max_seq_len=64)

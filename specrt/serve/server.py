@@ -162,7 +162,12 @@ class Server:
             raise RequestError(str(e), param) from None
 
     async def _pieces(self, gen) -> AsyncIterator[str]:
-        """The generation's text, each piece waited for in a worker thread (the loop never blocks)."""
+        """The generation's text, each piece waited for in a worker thread (the loop never blocks), or on the
+        loop itself for a generation that can be awaited (a remote one: specrt/scale/frontend.py)."""
+        if hasattr(gen, "__aiter__"):
+            async for piece in gen:
+                yield piece
+            return
         it = iter(gen)
         while True:
             piece = await anyio.to_thread.run_sync(next, it, _DONE, abandon_on_cancel=True)
