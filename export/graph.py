@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle.manifest import DTYPES, Architecture, GraphSpec, Quantization
+from ..bundle.manifest import DTYPES, PAD_LOGIT, Architecture, GraphSpec, Quantization
 from .archs import ArchSpec
 from .attention import ATTEND_BUCKET, ATTEND_LENGTH, MS_DOMAIN, OPSETS, flavour
 from .native import Blocks, NBits, describe, layout_key, to_nbits
@@ -306,7 +306,10 @@ class _Decoder:
         cos, sin = rotary_tables(self.ckpt.config, self.spec, self.max_seq_len, self.arch.head_dim)
         b.const("cos_cache", cos)
         b.const("sin_cache", sin)
-        table = b.const("embed_tokens.weight", self.w("model.embed_tokens.weight"))
+        table = self.w("model.embed_tokens.weight")
+        if self.arch.padded_from:  # padding ids (never produced by the tokenizer) embed as zeros
+            table = np.pad(table, ((0, self.arch.vocab_size - table.shape[0]), (0, 0)))
+        table = b.const("embed_tokens.weight", table)
         return b.op("Gather", [table, self.g.input_ids], "embed")
 
     def attention(self, i: int, x: str) -> str:
@@ -365,4 +368,10 @@ class _Decoder:
                 self.native_log[head] = f"{self.ckpt.native(head)[1]} -> {how}"
             else:
                 logits = self.project(h, "lm_head", [head], None, quantize=q.lm_head)
+            if arch.padded_from:  # the padding ids' logits: PAD_LOGIT, probability exactly 0
+                extra = arch.vocab_size - arch.padded_from
+                rank = len(self.flavour.logits_shape(arch.vocab_size))  # pads: every axis's start, then its end
+                pads = b.const("logits/pads", np.array([0] * (2 * rank - 1) + [extra], np.int64))
+                value = b.const("logits/pad_value", np.array(PAD_LOGIT, np.float32))
+                logits = b.op("Pad", [logits, pads, value], "logits/padded", mode="constant")
         b.op("Identity", [logits], "logits", n_out=[g.logits])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..bundle.integrity import record
 from ..bundle.manifest import DTYPES, MANIFEST_FILE, PROFILE_DIR, ROLES, Architecture, Manifest, Quantization, Source
-from ..bundle.tokenizer import TOKENIZER_FILE
+from ..bundle.tokenizer import TOKENIZER_FILE, id_tokens
 from ..errors import ExportError, UnsupportedModelError
 from .archs import ArchSpec, lookup
 from .attention import FLAVOURS
@@ -68,6 +68,9 @@ class ExportOptions:
     validate: bool = True
     name: str | None = None
     overwrite: bool = False
+    # Pad the vocabulary (embedding and logit rows) to this many ids: the checkpoint's rows past its own
+    # vocab_size become padding of probability 0, for a pair whose vocabularies differ only in padding.
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -228,6 +231,8 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
         )
         with progress.stage("writing tokenizer"):
             tokenizer = ckpt.save_tokenizer(out)
+        if options.vocab_size is not None:
+            arch = padded(arch, options.vocab_size, out / TOKENIZER_FILE)
         quant = options.quantization()
         with progress.stage(f"building the graph ({arch.num_layers} layers, {quant.method})"):
             graph, weights_sha256, native_log = build_graph(
@@ -277,6 +282,20 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
         (out / MANIFEST_FILE).unlink(missing_ok=True)
         raise
     return manifest
+
+
+def padded(arch: Architecture, size: int, tokenizer: Path) -> Architecture:
+    """The architecture with its vocabulary padded to `size` ids, once the tokenizer is shown never to produce
+    the rows added (they are padding, not tokens that the model lacks)."""
+    if size < arch.vocab_size:
+        raise ExportError(f"--vocab-size {size} is below the model's own {arch.vocab_size} rows; pad, never cut")
+    highest = max(id_tokens(tokenizer))
+    if highest >= arch.vocab_size:
+        raise ExportError(
+            f"the tokenizer produces id {highest}, past the model's {arch.vocab_size} rows: those ids are tokens "
+            "the model has no row for, not padding; --vocab-size cannot make this pair"
+        )
+    return replace(arch, vocab_size=size, padded_from=arch.vocab_size) if size > arch.vocab_size else arch
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:

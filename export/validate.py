@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle.loading import Bundle
-from ..bundle.manifest import Manifest, Validation, ValidationStep
+from ..bundle.manifest import PAD_LOGIT, Manifest, Validation, ValidationStep
 from ..bundle.tokenizer import TOKENIZER_FILE
 from ..errors import ValidationError
 from ..runtime.session import ModelSession, SessionOptions
@@ -81,7 +81,8 @@ def validate(ckpt: Checkpoint, out_dir: Path, manifest: Manifest, gated: bool, p
     # Phase 1, the graph; phase 2, PyTorch. One model in memory at a time keeps peak RSS near the larger
     # of the two instead of their sum (the 1.5B fp32 pair would need ~16 GB together).
     session = ModelSession(Bundle(out_dir, manifest), SessionOptions())
-    stream = iter(_validation_tokens(out_dir / TOKENIZER_FILE, manifest.architecture.vocab_size))
+    own = manifest.architecture.padded_from or manifest.architecture.vocab_size  # the checkpoint's rows
+    stream = iter(_validation_tokens(out_dir / TOKENIZER_FILE, own))
     seq: list[int] = []
     runs: list[tuple[str, int, list[int], np.ndarray]] = []  # (label, past, sequence so far, logits)
     for name, n in validation_plan(manifest.max_seq_len):
@@ -113,6 +114,9 @@ def validate(ckpt: Checkpoint, out_dir: Path, manifest: Manifest, gated: bool, p
     failures: list[str] = []
     bounds: list[float] = []
     for (label, past, _, got), ref, moved in zip(runs, refs, drift, strict=True):
+        if np.any(got[:, own:] != np.float32(PAD_LOGIT)):  # padding ids (--vocab-size) must stay at probability 0
+            failures.append(f"{label}: a padding id's logit is not {PAD_LOGIT}")
+        got = got[:, :own]
         n = len(got)
         diff = float(np.abs(got - ref).max())
         agree = got.argmax(-1) == ref.argmax(-1)

@@ -87,6 +87,13 @@ def export_options(f):
                 "--max-seq-len", type=int, default=None, help="KV buffer length [default: min(model max, 4096)]."
             ),
             click.option(
+                "--vocab-size",
+                type=int,
+                default=None,
+                help="Pad the vocabulary to N ids (a draft for a target whose vocabulary has more padding rows, "
+                "e.g. Qwen2.5 0.5B's 151,936 to 7B's 152,064): the extra ids get probability 0.",
+            ),
+            click.option(
                 "--dtype",
                 type=click.Choice(["fp32", "fp16", "bf16"]),
                 default="fp32",

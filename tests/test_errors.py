@@ -116,7 +116,7 @@ def test_mismatched_tokenizers(capsys, zoo, tmp_path):
     shutil.copy(other / "tokenizer.json", draft / "tokenizer.json")
     _rerecord(draft, "tokenizer.json")
     code, _, err = run_cli(capsys, *gen_args(zoo.target(), "--draft", draft))
-    assert_one_line_error(code, err, "tokenizers differ", "maps token ids as", "target", "same tokenizer")
+    assert_one_line_error(code, err, "tokenizers differ at id", "target", "same tokenizer")
     with pytest.raises(specrt.IncompatibleModelsError):
         specrt.load(zoo.target(), draft)
 
@@ -126,7 +126,9 @@ def test_vocab_size_mismatch(capsys, zoo):
     zoo.checkpoint("vocab-384", "qwen2", vocab_size=384, tokenizer_vocab=320, seed=4)
     draft = zoo.bundle("vocab-384", "vocab-384", role="draft")
     code, _, err = run_cli(capsys, *gen_args(zoo.target(), "--draft", draft))
-    assert_one_line_error(code, err, "vocabulary sizes differ", "target 320", "draft 384")
+    assert_one_line_error(
+        code, err, "vocabulary sizes differ", "target 320", "draft 384", "--role target --vocab-size 384"
+    )
 
 
 def test_prompt_longer_than_max_seq_len(capsys, zoo):

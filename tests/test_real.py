@@ -78,3 +78,25 @@ def test_int4_target_divergences_are_near_ties():
         spec = engine.complete(ids, GenerationOptions(max_new_tokens=48, num_draft_tokens=4)).token_ids
         if spec != base:
             assert divergence(engine.target, ids, base, spec)["top2_margin"] < NEAR_TIE, text
+
+
+def test_qwen_vocabularies_that_differ_only_in_padding():
+    """Qwen2.5 0.5B-3B carry 151,936 logit rows, 7B-72B 152,064 over the same tokenizer: the shapes alone (no
+    7B weights): the pair check names the padding and the fix, and padding the 0.5B's vocabulary is accepted."""
+    from dataclasses import replace
+
+    from specrt.bundle.loading import check_pair, open_bundle
+    from specrt.export.pipeline import padded
+
+    need(DRAFT)
+    draft = open_bundle(DRAFT)
+    arch = draft.manifest.architecture
+    assert arch.vocab_size == 151_936
+    seven_b = replace(draft, manifest=replace(draft.manifest, architecture=replace(arch, vocab_size=152_064)))
+    with pytest.raises(specrt.IncompatibleModelsError) as e:
+        check_pair(seven_b, draft)
+    assert "ids 151936..152063 are padding" in str(e.value) and "--vocab-size 152064" in str(e.value)
+    assert "highest id is 151935" in str(e.value)  # the GGUF names its own padding rows [PAD151665]...
+    grown = padded(arch, 152_064, draft.tokenizer_path)
+    assert (grown.vocab_size, grown.padded_from) == (152_064, 151_936)
+    check_pair(seven_b, replace(draft, manifest=replace(draft.manifest, architecture=grown)))

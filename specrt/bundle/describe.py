@@ -38,7 +38,8 @@ def describe(path: Path, m: Manifest) -> str:
         f"bundle        {path}  ({size / 2**20:.1f} MiB)",
         f"name / role   {m.name} / {m.role}   (schema {m.schema_version}, created {m.created})",
         f"architecture  {a.model_type}: {a.num_layers} layers, hidden {a.hidden_size}, heads {a.num_heads}/"
-        f"{a.num_kv_heads} kv, head_dim {a.head_dim}, vocab {a.vocab_size}",
+        f"{a.num_kv_heads} kv, head_dim {a.head_dim}, vocab {a.vocab_size}"
+        + (f" (padded from {a.padded_from})" if a.padded_from else ""),
         f"max_seq_len   {m.max_seq_len}   dtype {m.dtype}   quantization {quant}",
         f"graph         {m.graph.flavour} ({m.graph.attention}, opset {m.graph.opset}"
         + (", mask sent by the runtime: re-export for the in-graph one)" if sends_mask else ")"),

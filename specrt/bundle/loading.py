@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import BundleError, IncompatibleModelsError
 from .integrity import FileCheck, check_files, resolve_inside
 from .manifest import Manifest
-from .tokenizer import TOKENIZER_FILE, Tokenizer, tokenizer_hash
+from .tokenizer import TOKENIZER_FILE, Tokenizer, first_difference, id_tokens
 
 
 @dataclass(frozen=True)
@@ -82,18 +82,32 @@ def check_pair(target: Bundle, draft: Bundle) -> None:
     """A draft must speak the target's vocabulary exactly, or acceptance tests compare different tokens.
 
     Compared: the tokenizer files open_bundle verified, never a hash the manifests merely state. Identical
-    files pass at once; otherwise their id -> token mappings are computed from the files and compared.
+    files pass at once; otherwise their id -> token mappings are computed from the files and compared, and
+    the first id they disagree on is named. Vocabulary sizes (the models' logit rows) may differ only by
+    padding rows the tokenizer never produces, and then the smaller side is re-exported padded to the
+    larger (`--vocab-size`: its extra rows get probability 0), so both models' logits cover the same ids.
     """
     t, d = target.manifest, draft.manifest
+    tokens = None
     if target.file_sha256(TOKENIZER_FILE) != draft.file_sha256(TOKENIZER_FILE):
-        ours, theirs = tokenizer_hash(target.tokenizer_path), tokenizer_hash(draft.tokenizer_path)
-        if ours != theirs:
+        tokens, theirs = id_tokens(target.tokenizer_path), id_tokens(draft.tokenizer_path)
+        differ = first_difference(tokens, theirs)
+        if differ is not None:
+            i, ours, other = differ
             raise IncompatibleModelsError(
-                f"draft and target tokenizers differ: target {target.path} maps token ids as {ours[:12]}, "
-                f"draft {draft.path} as {theirs[:12]}; use a draft exported from a model with the same tokenizer"
+                f"draft and target tokenizers differ at id {i}: target {target.path} has {ours!r}, draft "
+                f"{draft.path} {other!r}; use a draft exported from a model with the same tokenizer"
             )
-    if t.architecture.vocab_size != d.architecture.vocab_size:
-        raise IncompatibleModelsError(
-            f"draft and target vocabulary sizes differ: target {t.architecture.vocab_size}, "
-            f"draft {d.architecture.vocab_size}; use a draft whose vocab_size equals the target's"
-        )
+    vt, vd = t.architecture.vocab_size, d.architecture.vocab_size
+    if vt != vd:
+        highest = max(tokens if tokens is not None else id_tokens(target.tokenizer_path))
+        smaller, role = (draft, "draft") if vd < vt else (target, "target")
+        if highest < min(vt, vd):
+            fix = (
+                f"ids {min(vt, vd)}..{max(vt, vd) - 1} are padding (the tokenizer's highest id is {highest}): "
+                f"re-export the {role} padded to the other's size, specrt export --model "
+                f"{smaller.manifest.source.path} --role {role} --vocab-size {max(vt, vd)} ..."
+            )
+        else:
+            fix = f"the tokenizer produces id {highest}, so the rows past {min(vt, vd)} are not padding"
+        raise IncompatibleModelsError(f"draft and target vocabulary sizes differ: target {vt}, draft {vd}; {fix}")

@@ -49,6 +49,9 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 MAX_MANIFEST_BYTES = 16 << 20
 
 
+PAD_LOGIT = -1e30  # the logit of a padding id (Architecture.padded_from): exp() of it is exactly 0 in float32
+
+
 @dataclass(frozen=True)
 class Architecture:
     model_type: str
@@ -64,6 +67,10 @@ class Architecture:
     rope_theta: float
     tie_word_embeddings: bool
     sliding_window: int | None = None
+    # Exported with `--vocab-size` past the checkpoint's own rows (a draft padded to its target's vocabulary):
+    # those rows. Ids from it on are padding the tokenizer never produces: zero embeddings, and logits at
+    # PAD_LOGIT, so probability 0 (a draft's q is exactly 0 there and verification stays exact).
+    padded_from: int | None = None
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,23 @@ def tokenizer_hash(path: str | Path) -> str:
     so two tokenizers that map every id to the same token are interchangeable for pairing even if their
     text pre-processing settings are spelled differently.
     """
+    blob = json.dumps(sorted(id_tokens(path).items()), ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def id_tokens(path: str | Path) -> dict[int, str]:
+    """Every id the tokenizer can produce, added tokens included, and its token."""
     from tokenizers import Tokenizer as _HFTokenizer
 
-    vocab = _HFTokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
-    blob = json.dumps(sorted((i, t) for t, i in vocab.items()), ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return {i: t for t, i in _HFTokenizer.from_file(str(path)).get_vocab(with_added_tokens=True).items()}
+
+
+def first_difference(a: dict[int, str], b: dict[int, str]) -> tuple[int, str | None, str | None] | None:
+    """The lowest id the two mappings disagree on (a token, or None where one lacks the id), or None."""
+    for i in sorted(a.keys() | b.keys()):
+        if a.get(i) != b.get(i):
+            return i, a.get(i), b.get(i)
+    return None
 
 
 class Tokenizer:
