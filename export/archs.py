@@ -21,6 +21,12 @@ def _attention_bias(config: Config) -> frozenset[str]:
     return frozenset({"q", "k", "v", "o"}) if getattr(config, "attention_bias", False) else frozenset()
 
 
+def _llama_biases(config: Config) -> frozenset[str]:
+    """attention_bias on q k v o, mlp_bias on gate up down (Llama's and Granite's two switches)."""
+    mlp = frozenset({"gate", "up", "down"}) if getattr(config, "mlp_bias", False) else frozenset()
+    return _attention_bias(config) | mlp
+
+
 def _window_from_layer_types(config: Config, layer: int) -> int | None:
     layer_types = getattr(config, "layer_types", None)
     if layer_types and layer_types[layer] == "sliding_attention":
@@ -36,6 +42,13 @@ class ArchSpec:
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
     window: Callable[[Config, int], int | None] = _window_from_layer_types  # sliding window of layer i
     hidden_acts: tuple[str, ...] = ("silu",)
+    # Granite's scalings (1.0 / None: none): the embeddings times embedding_multiplier, the attention logits
+    # times attention_scale (None: head_dim ** -0.5), each block's output times residual_multiplier before
+    # it joins the residual stream, the final logits divided by logits_divisor.
+    embedding_multiplier: Callable[[Config], float] = lambda c: 1.0
+    attention_scale: Callable[[Config], float | None] = lambda c: None
+    residual_multiplier: Callable[[Config], float] = lambda c: 1.0
+    logits_divisor: Callable[[Config], float] = lambda c: 1.0
 
 
 REGISTRY: dict[str, ArchSpec] = {}
@@ -59,9 +72,7 @@ register(
     ArchSpec(
         "llama",
         rotary="transformers.models.llama.modeling_llama.LlamaRotaryEmbedding",
-        biases=lambda c: (
-            _attention_bias(c) | (frozenset({"gate", "up", "down"}) if getattr(c, "mlp_bias", False) else frozenset())
-        ),
+        biases=_llama_biases,
     )
 )
 register(
@@ -84,5 +95,16 @@ register(
         "qwen3",
         rotary="transformers.models.qwen3.modeling_qwen3.Qwen3RotaryEmbedding",
         qk_norm=True,
+    )
+)
+register(
+    ArchSpec(
+        "granite",
+        rotary="transformers.models.granite.modeling_granite.GraniteRotaryEmbedding",
+        biases=_llama_biases,
+        embedding_multiplier=lambda c: float(c.embedding_multiplier),
+        attention_scale=lambda c: float(c.attention_multiplier),
+        residual_multiplier=lambda c: float(c.residual_multiplier),
+        logits_divisor=lambda c: float(c.logits_scaling),
     )
 )

@@ -67,7 +67,13 @@ class GQAAttention:
         else:
             qkv_in = [qkv, "", ""]  # packed QKV: GroupQueryAttention splits it itself
         past_k, past_v, present_k, present_v = g.kv_names(i)
-        attrs = {"num_heads": nh, "kv_num_heads": kvh, "do_rotary": 1, "rotary_interleaved": 0, "scale": float(d**-0.5)}
+        attrs = {
+            "num_heads": nh,
+            "kv_num_heads": kvh,
+            "do_rotary": 1,
+            "rotary_interleaved": 0,
+            "scale": dec.attention_scale,
+        }
         if window is not None:
             attrs["local_window_size"] = int(window)  # the same span as transformers' sliding-window mask
         return b.op(
@@ -238,7 +244,7 @@ class StandardAttention:
             f"{n}/attention",
             q_num_heads=nh,
             kv_num_heads=kvh,
-            scale=float(d**-0.5),
+            scale=dec.attention_scale,
         )
         y = b.op("Transpose", [y], f"{n}/seq_first", perm=[0, 2, 1, 3])
         return b.op("Reshape", [y, b.const(f"{n}/out_shape", np.array([0, 0, nh * d]))], f"{n}/out")

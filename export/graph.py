@@ -250,6 +250,9 @@ class _Decoder:
             max_seq_len,
         )
         self.biases = spec.biases(ckpt.config)
+        scale = spec.attention_scale(ckpt.config)
+        self.attention_scale = float(arch.head_dim**-0.5 if scale is None else scale)
+        self.residual_multiplier = spec.residual_multiplier(ckpt.config)
         self.native_log: dict[str, str] = {}  # HF weight name -> what --quant native did with it
         self.flavour = flavour(g.flavour, g.masks)
         self._kv_info = lambda name: helper.make_tensor_value_info(
@@ -310,7 +313,19 @@ class _Decoder:
         if self.arch.padded_from:  # padding ids (never produced by the tokenizer) embed as zeros
             table = np.pad(table, ((0, self.arch.vocab_size - table.shape[0]), (0, 0)))
         table = b.const("embed_tokens.weight", table)
-        return b.op("Gather", [table, self.g.input_ids], "embed")
+        x = b.op("Gather", [table, self.g.input_ids], "embed")
+        multiplier = self.spec.embedding_multiplier(self.ckpt.config)
+        if multiplier != 1.0:
+            x = b.op("Mul", [x, b.const("embed/multiplier", np.array(multiplier, np.float32))], "embed/scaled")
+        return x
+
+    def residual(self, x: str, block: str, n: str) -> str:
+        """x + the block's output (times the residual multiplier, where the architecture has one)."""
+        b = self.b
+        if self.residual_multiplier != 1.0:
+            m = b.const(f"{n}/residual_multiplier", np.array(self.residual_multiplier, np.float32))
+            block = b.op("Mul", [block, m], f"{n}/scaled")
+        return b.op("Add", [x, block], f"{n}/residual")
 
     def attention(self, i: int, x: str) -> str:
         b, arch, g = self.b, self.arch, self.g
@@ -329,7 +344,7 @@ class _Decoder:
         attn = self.flavour.layer(self, i, qkv, norms, window)
         bias = self.w(f"{p}.o_proj.bias") if "o" in self.biases else None
         o = self.project(attn, f"{n}/o_proj", [f"{p}.o_proj.weight"], bias)
-        return b.op("Add", [x, o], f"{n}/residual")
+        return self.residual(x, o, n)
 
     def mlp(self, i: int, x: str) -> str:
         b, arch = self.b, self.arch
@@ -347,7 +362,7 @@ class _Decoder:
         gated = b.op("Mul", [silu, up], f"{n}/gated")
         bias = self.w(f"{p}.down_proj.bias") if "down" in self.biases else None
         down = self.project(gated, f"{n}/down_proj", [f"{p}.down_proj.weight"], bias)
-        return b.op("Add", [x, down], f"{n}/residual")
+        return self.residual(x, down, n)
 
     def lm_head(self, x: str) -> None:
         """The final norm and the LM head in float32 whatever the bundle's dtype (the logits the samplers
@@ -368,6 +383,11 @@ class _Decoder:
                 self.native_log[head] = f"{self.ckpt.native(head)[1]} -> {how}"
             else:
                 logits = self.project(h, "lm_head", [head], None, quantize=q.lm_head)
+            divisor = self.spec.logits_divisor(self.ckpt.config)
+            if divisor != 1.0:  # Granite
+                logits = b.op(
+                    "Div", [logits, b.const("logits/divisor", np.array(divisor, np.float32))], "logits/scaled"
+                )
             if arch.padded_from:  # the padding ids' logits: PAD_LOGIT, probability exactly 0
                 extra = arch.vocab_size - arch.padded_from
                 rank = len(self.flavour.logits_shape(arch.vocab_size))  # pads: every axis's start, then its end

@@ -20,6 +20,9 @@ VARIANTS = {  # name -> (model_type, checkpoint options): every architecture plu
     "mistral": ("mistral", {}),  # sliding window 24 < the test sequence
     "qwen2": ("qwen2", {}),
     "qwen3": ("qwen3", {}),
+    "granite": ("granite", {}),
+    # SmolLM2 is a llama: tied embeddings, 3 query heads per KV head, a high rope base (135M: 9/3 heads, 1e5)
+    "llama-smollm2": ("llama", {"tie": True, "hidden": 96, "heads": 6, "kv_heads": 2, "rope_theta": 100000.0}),
     "llama-biases-tied": ("llama", {"attention_bias": True, "mlp_bias": True, "tie": True}),
     "llama-rope-llama3": (
         "llama",
@@ -193,3 +196,26 @@ def test_block_symmetry_and_lm_head_choices(zoo):
     head = zoo.bundle("target-fp32-head-int8", "target", lm_head="int8", weights="nbits")  # an fp32 body, int8 head
     q = open_bundle(head).manifest.quantization
     assert (q.method, q.lm_head_bits) == ("none", 8) and "MatMulNBits" in _op_types(head)
+
+
+@pytest.mark.parametrize("quant", ["none", "int4"])
+def test_granite_speculates_losslessly(zoo, quant):
+    """Granite's scalings in a target and its noisy draft: speculative output equals target-only output,
+    fp32 and int4, with drafts checked and some rejected."""
+    from test_greedy_equality import PROMPTS, drafting_pays
+
+    import specrt
+    from specrt import GenerationOptions
+
+    zoo.checkpoint("granite-target", "granite", layers=2, seed=12)
+    zoo.checkpoint("granite-noisy", noise_from="granite-target", noise=0.05, seed=2)
+    target = zoo.bundle(f"granite-target-{quant}", "granite-target", quant=quant, block_size=16)
+    draft = zoo.bundle("granite-noisy", "granite-noisy", role="draft")
+    engine = drafting_pays(specrt.load(target, draft))
+    drafted = accepted = 0
+    for prompt in PROMPTS[:6]:
+        base = engine.complete(prompt, GenerationOptions(max_new_tokens=24, num_draft_tokens=0, ignore_eos=True))
+        spec = engine.complete(prompt, GenerationOptions(max_new_tokens=24, num_draft_tokens=3, ignore_eos=True))
+        assert spec.token_ids == base.token_ids, prompt
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+    assert 0 < accepted < drafted
