@@ -40,6 +40,8 @@ class ArchSpec:
     rotary: str  # dotted path of the transformers rotary-embedding class (cos/sin exactly as HF computes)
     biases: Callable[[Config], frozenset[str]] = _attention_bias  # projections with a bias: q k v o gate up down
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
+    qk_norm_full: bool = False  # RMSNorm over all of q's heads at once, and of k's, before RoPE (OLMo 2)
+    post_norms: bool = False  # RMSNorm on each block's output before the residual, none on its input (OLMo 2)
     window: Callable[[Config, int], int | None] = _window_from_layer_types  # sliding window of layer i
     hidden_acts: tuple[str, ...] = ("silu",)
     # Granite's scalings (1.0 / None: none): the embeddings times embedding_multiplier, the attention logits
@@ -106,5 +108,13 @@ register(
         attention_scale=lambda c: float(c.attention_multiplier),
         residual_multiplier=lambda c: float(c.residual_multiplier),
         logits_divisor=lambda c: float(c.logits_scaling),
+    )
+)
+register(
+    ArchSpec(
+        "olmo2",
+        rotary="transformers.models.olmo2.modeling_olmo2.Olmo2RotaryEmbedding",
+        qk_norm_full=True,
+        post_norms=True,
     )
 )

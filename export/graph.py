@@ -331,8 +331,19 @@ class _Decoder:
         b, arch, g = self.b, self.arch, self.g
         eps = arch.rms_norm_eps
         p, n = f"model.layers.{i}.self_attn", f"layers.{i}/attn"
-        h = b.rms_norm(x, self.w(f"model.layers.{i}.input_layernorm.weight"), eps, f"{n}/input_norm")
+        h = x
+        if not self.spec.post_norms:
+            h = b.rms_norm(x, self.w(f"model.layers.{i}.input_layernorm.weight"), eps, f"{n}/input_norm")
         qkv = self.project(h, f"{n}/qkv_proj", self.names(p, ("q", "k", "v")), self.fused_bias(p, ("q", "k", "v")))
+        if self.spec.qk_norm_full:  # OLMo 2: q and k each normalised over all their heads at once
+            d = arch.head_dim
+            sizes = b.const(
+                f"{n}/qkv_sizes", np.array([arch.num_heads * d, arch.num_kv_heads * d, arch.num_kv_heads * d])
+            )
+            q, k, v = b.op("Split", [qkv, sizes], f"{n}/qkv_split", n_out=3, axis=-1)
+            q = b.rms_norm(q, self.w(f"{p}.q_norm.weight"), eps, f"{n}/q_norm")
+            k = b.rms_norm(k, self.w(f"{p}.k_norm.weight"), eps, f"{n}/k_norm")
+            qkv = b.op("Concat", [q, k, v], f"{n}/qkv_normed", axis=-1)
         norms = None
         if self.spec.qk_norm:  # Qwen3: RMSNorm over each head of q and k, before RoPE
             norms = (self.w(f"{p}.q_norm.weight"), self.w(f"{p}.k_norm.weight"), eps)
@@ -344,17 +355,21 @@ class _Decoder:
         attn = self.flavour.layer(self, i, qkv, norms, window)
         bias = self.w(f"{p}.o_proj.bias") if "o" in self.biases else None
         o = self.project(attn, f"{n}/o_proj", [f"{p}.o_proj.weight"], bias)
+        if self.spec.post_norms:
+            o = b.rms_norm(o, self.w(f"model.layers.{i}.post_attention_layernorm.weight"), eps, f"{n}/post_norm")
         return self.residual(x, o, n)
 
     def mlp(self, i: int, x: str) -> str:
         b, arch = self.b, self.arch
         p, n = f"model.layers.{i}.mlp", f"layers.{i}/mlp"
-        h = b.rms_norm(
-            x,
-            self.w(f"model.layers.{i}.post_attention_layernorm.weight"),
-            arch.rms_norm_eps,
-            f"{n}/post_attention_norm",
-        )
+        h = x
+        if not self.spec.post_norms:  # Llama's "post-attention" norm is the MLP's input norm
+            h = b.rms_norm(
+                x,
+                self.w(f"model.layers.{i}.post_attention_layernorm.weight"),
+                arch.rms_norm_eps,
+                f"{n}/post_attention_norm",
+            )
         gu = self.project(h, f"{n}/gate_up_proj", self.names(p, ("gate", "up")), self.fused_bias(p, ("gate", "up")))
         sizes = b.const(f"{n}/gate_up_sizes", np.array([arch.intermediate_size] * 2))
         gate, up = b.op("Split", [gu, sizes], f"{n}/split", n_out=2, axis=-1)
@@ -362,6 +377,9 @@ class _Decoder:
         gated = b.op("Mul", [silu, up], f"{n}/gated")
         bias = self.w(f"{p}.down_proj.bias") if "down" in self.biases else None
         down = self.project(gated, f"{n}/down_proj", [f"{p}.down_proj.weight"], bias)
+        if self.spec.post_norms:
+            weight = self.w(f"model.layers.{i}.post_feedforward_layernorm.weight")
+            down = b.rms_norm(down, weight, arch.rms_norm_eps, f"{n}/post_norm")
         return self.residual(x, down, n)
 
     def lm_head(self, x: str) -> None:

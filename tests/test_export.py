@@ -21,6 +21,7 @@ VARIANTS = {  # name -> (model_type, checkpoint options): every architecture plu
     "qwen2": ("qwen2", {}),
     "qwen3": ("qwen3", {}),
     "granite": ("granite", {}),
+    "olmo2": ("olmo2", {}),
     # SmolLM2 is a llama: tied embeddings, 3 query heads per KV head, a high rope base (135M: 9/3 heads, 1e5)
     "llama-smollm2": ("llama", {"tie": True, "hidden": 96, "heads": 6, "kv_heads": 2, "rope_theta": 100000.0}),
     "llama-biases-tied": ("llama", {"attention_bias": True, "mlp_bias": True, "tie": True}),
@@ -199,23 +200,24 @@ def test_block_symmetry_and_lm_head_choices(zoo):
 
 
 @pytest.mark.parametrize("quant", ["none", "int4"])
-def test_granite_speculates_losslessly(zoo, quant):
-    """Granite's scalings in a target and its noisy draft: speculative output equals target-only output,
-    fp32 and int4, with drafts checked and some rejected."""
+@pytest.mark.parametrize("arch", ["granite", "olmo2"])
+def test_new_architectures_speculate_losslessly(zoo, arch, quant):
+    """A target of the architecture and its noisy draft (Granite's scalings, OLMo 2's post-norms and full q/k
+    norms): speculative output equals target-only output, fp32 and int4, drafts checked and some rejected."""
     from test_greedy_equality import PROMPTS, drafting_pays
 
     import specrt
     from specrt import GenerationOptions
 
-    zoo.checkpoint("granite-target", "granite", layers=2, seed=12)
-    zoo.checkpoint("granite-noisy", noise_from="granite-target", noise=0.05, seed=2)
-    target = zoo.bundle(f"granite-target-{quant}", "granite-target", quant=quant, block_size=16)
-    draft = zoo.bundle("granite-noisy", "granite-noisy", role="draft")
+    zoo.checkpoint(f"{arch}-target", arch, layers=2, seed=12)
+    zoo.checkpoint(f"{arch}-noisy", noise_from=f"{arch}-target", noise=0.05, seed=2)
+    target = zoo.bundle(f"{arch}-target-{quant}", f"{arch}-target", quant=quant, block_size=16)
+    draft = zoo.bundle(f"{arch}-noisy", f"{arch}-noisy", role="draft")
     engine = drafting_pays(specrt.load(target, draft))
     drafted = accepted = 0
     for prompt in PROMPTS[:6]:
         base = engine.complete(prompt, GenerationOptions(max_new_tokens=24, num_draft_tokens=0, ignore_eos=True))
         spec = engine.complete(prompt, GenerationOptions(max_new_tokens=24, num_draft_tokens=3, ignore_eos=True))
-        assert spec.token_ids == base.token_ids, prompt
+        assert spec.token_ids == base.token_ids, (arch, quant, prompt)
         drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
     assert 0 < accepted < drafted
