@@ -21,6 +21,10 @@ def _attention_bias(config: Config) -> frozenset[str]:
     return frozenset({"q", "k", "v", "o"}) if getattr(config, "attention_bias", False) else frozenset()
 
 
+def _every_layer_window(config: Config, layer: int) -> int | None:
+    return getattr(config, "sliding_window", None)  # every layer's, when set (Mistral, Phi-3)
+
+
 def _llama_biases(config: Config) -> frozenset[str]:
     """attention_bias on q k v o, mlp_bias on gate up down (Llama's and Granite's two switches)."""
     mlp = frozenset({"gate", "up", "down"}) if getattr(config, "mlp_bias", False) else frozenset()
@@ -42,6 +46,7 @@ class ArchSpec:
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
     qk_norm_full: bool = False  # RMSNorm over all of q's heads at once, and of k's, before RoPE (OLMo 2)
     post_norms: bool = False  # RMSNorm on each block's output before the residual, none on its input (OLMo 2)
+    fused: bool = False  # the checkpoint holds qkv_proj and gate_up_proj, already fused (Phi-3)
     window: Callable[[Config, int], int | None] = _window_from_layer_types  # sliding window of layer i
     hidden_acts: tuple[str, ...] = ("silu",)
     # Granite's scalings (1.0 / None: none): the embeddings times embedding_multiplier, the attention logits
@@ -82,7 +87,7 @@ register(
         "mistral",
         rotary="transformers.models.mistral.modeling_mistral.MistralRotaryEmbedding",
         biases=lambda c: frozenset(),
-        window=lambda c, layer: getattr(c, "sliding_window", None),  # every layer, when set
+        window=_every_layer_window,
     )
 )
 register(
@@ -116,5 +121,14 @@ register(
         rotary="transformers.models.olmo2.modeling_olmo2.Olmo2RotaryEmbedding",
         qk_norm_full=True,
         post_norms=True,
+    )
+)
+register(
+    ArchSpec(
+        "phi3",
+        rotary="transformers.models.phi3.modeling_phi3.Phi3RotaryEmbedding",
+        biases=lambda c: frozenset(),
+        window=_every_layer_window,
+        fused=True,
     )
 )

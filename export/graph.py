@@ -300,8 +300,10 @@ class _Decoder:
             return None
         return np.concatenate([self.w(f"{prefix}.{part}_proj.bias") for part in parts])
 
-    @staticmethod
-    def names(prefix: str, parts: tuple[str, ...]) -> list[str]:
+    def names(self, prefix: str, parts: tuple[str, ...]) -> list[str]:
+        """The weights of projections fused into one MatMul (Phi-3's checkpoints store them fused already)."""
+        if self.spec.fused:
+            return [f"{prefix}.{''.join(parts)}_proj.weight".replace("gateup", "gate_up")]
         return [f"{prefix}.{part}_proj.weight" for part in parts]
 
     def embed(self) -> str:

@@ -142,10 +142,14 @@ def architecture_of(config, spec: ArchSpec) -> Architecture:
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported for {spec.model_type}; supported: silu")
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in STATIC_ROPE_TYPES:
+    if rope_type not in (*STATIC_ROPE_TYPES, "longrope"):  # longrope: its short table, checked at export
         raise UnsupportedModelError(
             f"rope_type {rope_type!r} is not supported (its tables depend on the sequence length); "
-            f"supported: {', '.join(STATIC_ROPE_TYPES)}"
+            f"supported: {', '.join(STATIC_ROPE_TYPES)}, and longrope up to its original context"
+        )
+    if float(rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0) != 1.0:
+        raise UnsupportedModelError(
+            "partial_rotary_factor below 1 (rotary embedding on part of each head) is not supported"
         )
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -221,6 +225,7 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
         spec = lookup(ckpt.config.model_type)
         arch = architecture_of(ckpt.config, spec)
     max_seq_len = options.max_seq_len or min(getattr(ckpt.config, "max_position_embeddings", 4096), 4096)
+    _check_longrope(ckpt.config, max_seq_len)
     _prepare_out(out, ckpt.path, options.overwrite)
     try:
         source = Source(
@@ -282,6 +287,20 @@ def export_bundle(model: str | Path, out: str | Path, options: ExportOptions, pr
         (out / MANIFEST_FILE).unlink(missing_ok=True)
         raise
     return manifest
+
+
+def _check_longrope(config, max_seq_len: int) -> None:
+    """longrope (Phi-3 128k, Phi-4-mini) rotates by its short table while a sequence fits the original
+    context and by its long table past it: one table is exact only when the KV buffer ends within it."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type")) != "longrope":
+        return
+    original = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", 0)
+    if max_seq_len > original:
+        raise UnsupportedModelError(
+            f"longrope switches to its long table past the original {original} positions (the whole sequence "
+            f"changes tables then); export with --max-seq-len {original} or less"
+        )
 
 
 def padded(arch: Architecture, size: int, tokenizer: Path) -> Architecture:

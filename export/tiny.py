@@ -27,6 +27,7 @@ ARCH_CONFIGS = {
     "qwen2": dict(),
     "qwen3": dict(head_dim=32, attention_bias=False),  # head_dim != hidden / heads
     # Granite 3.x's four scalings, away from 1 (its real ones: 12, 1/128, 0.22, 8 for the 2B)
+    "phi3": dict(sliding_window=24),  # Phi-3 mini's window (2,047) is every layer's
     "olmo2": dict(attention_bias=True),  # its q/k norms then normalise the biased projections
     "granite": dict(embedding_multiplier=3.0, attention_multiplier=0.09, residual_multiplier=0.5, logits_scaling=2.5),
 }

@@ -129,7 +129,7 @@ def fp16_pairs(zoo):
     return make
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "granite", "olmo2"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "phi3"])
 def test_fp16_speculative_equals_target_only(fp16_pairs, arch):
     target, draft = fp16_pairs(arch)
     engine = drafting_pays(specrt.load(target, draft))

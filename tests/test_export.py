@@ -22,6 +22,7 @@ VARIANTS = {  # name -> (model_type, checkpoint options): every architecture plu
     "qwen3": ("qwen3", {}),
     "granite": ("granite", {}),
     "olmo2": ("olmo2", {}),
+    "phi3": ("phi3", {}),
     # SmolLM2 is a llama: tied embeddings, 3 query heads per KV head, a high rope base (135M: 9/3 heads, 1e5)
     "llama-smollm2": ("llama", {"tie": True, "hidden": 96, "heads": 6, "kv_heads": 2, "rope_theta": 100000.0}),
     "llama-biases-tied": ("llama", {"attention_bias": True, "mlp_bias": True, "tie": True}),
@@ -200,10 +201,11 @@ def test_block_symmetry_and_lm_head_choices(zoo):
 
 
 @pytest.mark.parametrize("quant", ["none", "int4"])
-@pytest.mark.parametrize("arch", ["granite", "olmo2"])
+@pytest.mark.parametrize("arch", ["granite", "olmo2", "phi3"])
 def test_new_architectures_speculate_losslessly(zoo, arch, quant):
     """A target of the architecture and its noisy draft (Granite's scalings, OLMo 2's post-norms and full q/k
-    norms): speculative output equals target-only output, fp32 and int4, drafts checked and some rejected."""
+    norms, Phi-3's fused projections): speculative output equals target-only output, fp32 and int4, drafts
+    checked and some rejected."""
     from test_greedy_equality import PROMPTS, drafting_pays
 
     import specrt
@@ -221,3 +223,17 @@ def test_new_architectures_speculate_losslessly(zoo, arch, quant):
         assert spec.token_ids == base.token_ids, (arch, quant, prompt)
         drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
     assert 0 < accepted < drafted
+
+
+def test_longrope_exports_its_short_table_within_the_original_context(zoo):
+    """Phi-3 128k / Phi-4-mini's longrope: exact with the short table while the KV buffer ends within the
+    original context; past it (where transformers switches every position to the long table) refused."""
+    factors = {"short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [2.0 + 0.5 * i for i in range(8)]}
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, **factors}
+    ckpt = zoo.checkpoint("phi3-longrope", "phi3", rope_parameters=rope, original_max_position_embeddings=64)
+    with pytest.raises(UnsupportedModelError, match="export with --max-seq-len 64 or less"):
+        export_bundle(ckpt, zoo.root / "bundles" / "longrope-long", ExportOptions(max_seq_len=128), Progress(False))
+    bundle = zoo.bundle("phi3-longrope", "phi3-longrope", max_seq_len=64)
+    assert open_bundle(bundle).manifest.validation.passed
+    worst, agree = _parity(bundle, ckpt, PLAN)
+    assert worst < 1e-4 and agree == 1.0
