@@ -126,7 +126,9 @@ def test_a_profile_proven_wrong_is_measured_again_when_idle(zoo, tmp_path, loade
     session = ModelSession(specrt.open_bundle(draft), options)
     true = measure(session, widths=[1], contexts=[16], reps=3)
     del session
-    wrong = CostProfile(**{**true.__dict__, "ms": [[10 * v for v in row] for row in true.ms]})
+    # A wrong profile that says it was measured on a quiet machine (whatever the machine did during `true`:
+    # a busy one is never stored, and the engine would measure afresh instead of trusting it).
+    wrong = CostProfile(**{**true.__dict__, "ms": [[10 * v for v in row] for row in true.ms], "others_share": 0.0})
     path = save_profile(draft, wrong)
     engine = specrt.load(target, draft, spinning=False)
     engine.complete("hello", specrt.GenerationOptions(max_new_tokens=4))  # builds the step costs
