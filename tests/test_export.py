@@ -162,7 +162,7 @@ def test_validation_failure_writes_no_manifest(zoo, tmp_path, monkeypatch):
 def test_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1}))
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(UnsupportedModelError, match="model_type 'gpt2' is not supported; supported: llama"):
+    with pytest.raises(UnsupportedModelError, match="model_type 'gpt2' is not supported; supported: granite, llama, "):
         export_bundle(tmp_path, tmp_path / "out", ExportOptions(), Progress(enabled=False))
 
 
