@@ -89,10 +89,10 @@ def test_fp16_ragged_rows_match_pytorch(fp16):
 def test_the_fp16_gate_catches_a_wrong_graph(zoo, monkeypatch):
     """Weights 1% off (what a mis-scaled conversion would do) fail the export's fp16 check: the measured
     tolerance is tight enough to matter."""
-    from specrt.export import ExportOptions, Progress, export_bundle, graph
+    from specrt.export import ExportOptions, Progress, builder, export_bundle
 
-    true_conversion = graph.in_dtype
-    monkeypatch.setattr(graph, "in_dtype", lambda a, dtype, name: true_conversion(a * 1.01, dtype, name))
+    true_conversion = builder.in_dtype
+    monkeypatch.setattr(builder, "in_dtype", lambda a, dtype, name: true_conversion(a * 1.01, dtype, name))
     zoo.checkpoint("parity-qwen2", "qwen2")
     out = zoo.root / "bundles" / "fp16-off-by-one-percent"
     with pytest.raises(ValidationError, match="disagrees with PyTorch"):

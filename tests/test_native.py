@@ -59,7 +59,7 @@ def test_matmulnbits_runs_the_blocks_as_they_stand(gguf_type, accuracy_level):
     from onnx import TensorProto, helper
 
     from specrt.bundle.manifest import Quantization
-    from specrt.export.graph import GraphBuilder
+    from specrt.export.builder import GraphBuilder
 
     rng = np.random.default_rng(2)
     raw = random_blocks(gguf_type, rng)
