@@ -165,10 +165,11 @@ class _Decoder:
             return None
         return np.concatenate([self.w(f"{prefix}.{part}_proj.bias") for part in parts])
 
-    def names(self, prefix: str, parts: tuple[str, ...]) -> list[str]:
-        """The weights of projections fused into one MatMul (Phi-3's checkpoints store them fused already)."""
+    def names(self, prefix: str, parts: tuple[str, ...], fused: str) -> list[str]:
+        """The weights of projections fused into one MatMul: one per part, or the checkpoint's own fused one
+        (`fused`, e.g. Phi-3's qkv_proj: the parts' rows in the same order)."""
         if self.spec.fused:
-            return [f"{prefix}.{''.join(parts)}_proj.weight".replace("gateup", "gate_up")]
+            return [f"{prefix}.{fused}_proj.weight"]
         return [f"{prefix}.{part}_proj.weight" for part in parts]
 
     def embed(self) -> str:
@@ -201,7 +202,8 @@ class _Decoder:
         h = x
         if not self.spec.post_norms:
             h = b.rms_norm(x, self.w(f"model.layers.{i}.input_layernorm.weight"), eps, f"{n}/input_norm")
-        qkv = self.project(h, f"{n}/qkv_proj", self.names(p, ("q", "k", "v")), self.fused_bias(p, ("q", "k", "v")))
+        parts = ("q", "k", "v")
+        qkv = self.project(h, f"{n}/qkv_proj", self.names(p, parts, "qkv"), self.fused_bias(p, parts))
         if self.spec.qk_norm_full:  # OLMo 2: q and k each normalised over all their heads at once
             d = arch.head_dim
             sizes = b.const(
@@ -237,7 +239,8 @@ class _Decoder:
                 arch.rms_norm_eps,
                 f"{n}/post_attention_norm",
             )
-        gu = self.project(h, f"{n}/gate_up_proj", self.names(p, ("gate", "up")), self.fused_bias(p, ("gate", "up")))
+        parts = ("gate", "up")
+        gu = self.project(h, f"{n}/gate_up_proj", self.names(p, parts, "gate_up"), self.fused_bias(p, parts))
         sizes = b.const(f"{n}/gate_up_sizes", np.array([arch.intermediate_size] * 2))
         gate, up = b.op("Split", [gu, sizes], f"{n}/split", n_out=2, axis=-1)
         silu = b.op("Mul", [gate, b.op("Sigmoid", [gate], f"{n}/sigmoid")], f"{n}/silu")

@@ -7,7 +7,7 @@ with the engine's own one-line errors (specrt/engine/prompting.py), then sent as
 handle to an engine replica (the router picks which; specrt/scale/router.py). `RemoteGeneration` is what the
 app iterates: the replica's streamed pieces, with token ids, finish reason and statistics as the replica
 reports them. The app reads it on its event loop (`async for`: a handle's response is awaited there, with no
-worker thread per piece as a local Generation needs); a plain `for` works too. A replica that dies mid-stream
+worker thread per piece as a local Generation needs). A replica that dies mid-stream
 surfaces as an exception from the iteration, which the app already turns into a clean error (an error event in
 a stream, a 500 otherwise).
 
@@ -53,39 +53,25 @@ class RemoteGeneration:
         self._response = None
         self._closed = False
 
-    def __iter__(self) -> Iterator[str]:
-        with self.engine.flying(self):
-            for message in self._call():
-                text = self._take(*message)
-                if text:
-                    yield text
-
     async def __aiter__(self) -> AsyncIterator[str]:
-        """The same stream read on the event loop itself (the app prefers it): no worker thread per piece."""
-        with self.engine.flying(self):
-            async for message in self._call():
-                text = self._take(*message)
-                if text:
-                    yield text
-
-    def _call(self):
+        """The replica's stream, read on the app's event loop (no worker thread per piece, as a local
+        Generation needs): ("piece", text, ids) messages, then ("end", finish reason, stats)."""
         if self._response is not None or self._closed:
             raise RuntimeError("a RemoteGeneration can be iterated only once")
         self._response = self.engine.handle.generate.remote(Job(self.prompt_ids, self.options))
-        return self._response
-
-    def _take(self, kind: str, *rest) -> str | None:
-        """One message from the replica: a piece's text (and its ids), or the end with stats."""
-        if kind == "piece":
-            text, ids = rest
-            self.token_ids += ids
-            self.text += text
-            self.engine.progress += 1
-            return text
-        self.finish_reason, values = rest
-        self.stats = RemoteStats(values)
-        self.engine.finished(values)
-        return None
+        with self.engine.flying(self):
+            async for kind, *rest in self._response:
+                if kind == "piece":
+                    text, ids = rest
+                    self.token_ids += ids
+                    self.text += text
+                    self.engine.progress += 1
+                    if text:
+                        yield text
+                else:
+                    self.finish_reason, values = rest
+                    self.stats = RemoteStats(values)
+                    self.engine.finished(values)
 
     def close(self) -> None:
         """Cancel the call (the replica closes its generation, freeing the slot); a no-op once finished."""
