@@ -154,6 +154,51 @@ def test_each_replicas_counters_reach_rays_metrics(two, cluster):
     assert len(seen) == 2 and sum(seen.values()) > 0, seen
 
 
+def test_a_request_done_before_ray_reports_it_routed_is_not_left_in_flight():
+    """Ray reports a request's completion from a callback registered before the replica accepts it, so a
+    short request can be reported done before it is reported routed: the router's count must still return
+    to zero (a count kept by those two hooks leaked one request per race, and the replica believed busy got
+    no new conversations)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from specrt.scale.router import AffinityRouter
+
+    class Result:  # a ReplicaResult's done-callback, fired at once when it is already done (as Ray's are)
+        def __init__(self, done: bool):
+            self.done, self.callbacks = done, []
+
+        def add_done_callback(self, cb):
+            cb(self) if self.done else self.callbacks.append(cb)
+
+        def finish(self):
+            self.done = True
+            for cb in self.callbacks:
+                cb(self)
+
+    async def scenario():
+        router = AffinityRouter.__new__(AffinityRouter)  # Ray builds it with its own arguments; not needed
+        router.initialize_state()
+        job = SimpleNamespace(prompt_ids=list(range(40)))
+        pending = [SimpleNamespace(args=[job], metadata=SimpleNamespace(internal_request_id=str(i))) for i in range(3)]
+        # 0: reported done before routed; 1: routed, then done; 2: still running.
+        router.on_request_completed("a", "0")
+        router.on_request_routed(pending[0], "a", Result(done=True))
+        slow, running = Result(done=False), Result(done=False)
+        router.on_request_routed(pending[1], "a", slow)
+        router.on_request_routed(pending[2], "b", running)
+        await asyncio.sleep(0.01)
+        during = dict(router.load)
+        slow.finish()
+        router.on_request_completed("a", "1")
+        await asyncio.sleep(0.01)
+        return during, dict(router.load)
+
+    during, after = asyncio.run(scenario())
+    assert during == {"a": 1, "b": 1}
+    assert after == {"a": 0, "b": 1}
+
+
 def shared_prefix_run(url: str, n: int = 12) -> dict:
     """n requests, one after another, sharing a long prefix: replica -> count."""
     c = client(url)

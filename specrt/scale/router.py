@@ -4,14 +4,21 @@ much busier than the least busy one.
 
 Ray Serve makes one router per handle, in the calling process (the front end): each front end replica
 keeps its own table and counts the requests it has in flight on each engine replica (routed, not yet
-completed), which is the load it balances. The router returns ranks: the chosen replica first, then the
-others from least to most loaded, so a chosen replica already at max_ongoing_requests hands the request to
-the next. An exception in `choose_replicas` would leave the request waiting forever (Ray Serve only logs
-it): any failure here falls back to all candidates, Ray's own choice.
+completed), which is the load it balances. A request counts from `on_request_routed` (the replica accepted
+it) until its result is done, through a done-callback on that result: Ray's own `on_request_completed` comes
+from a callback registered before the replica accepts, so a short request can complete before it is counted
+as routed, and a count paired with that hook would keep it in flight forever (a replica believed busy gets
+no new conversations: seen as every conversation on one replica).
+
+The router returns ranks: the chosen replica first, then the others from least to most loaded, so a chosen
+replica already at max_ongoing_requests hands the request to the next. An exception in `choose_replicas`
+would leave the request waiting forever (Ray Serve only logs it): any failure here falls back to all
+candidates, Ray's own choice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections import Counter
@@ -36,7 +43,6 @@ class AffinityRouter(RequestRouter):
         self.table = PrefixTable(block, capacity, slack, slots)
         self.load: Counter[ReplicaID] = Counter()  # this router's requests in flight, per replica
         self.picks: Counter[str] = Counter()  # why each prompt went where it went
-        self._where: dict[str, ReplicaID] = {}  # internal request id -> replica, while in flight
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -62,14 +68,15 @@ class AffinityRouter(RequestRouter):
             return
         self.table.record_prompt(ids, replica_id)
         self.load[replica_id] += 1
-        self._where[pending_request.metadata.internal_request_id] = replica_id
+        # The callback runs once, at once if the result is already done, possibly on another thread.
+        loop = asyncio.get_running_loop()
+        result.add_done_callback(lambda _: loop.call_soon_threadsafe(self._finished, replica_id))
 
-    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        if self._where.pop(internal_request_id, None) is not None:
+    def _finished(self, replica_id: ReplicaID) -> None:
+        if self.load[replica_id] > 0:  # not a replica forgotten since (on_replica_actor_died)
             self.load[replica_id] -= 1
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self.table.forget(replica_id)  # its cache died with it
         self.load.pop(replica_id, None)
-        self._where = {k: v for k, v in self._where.items() if v != replica_id}
