@@ -76,9 +76,11 @@ class GQAAttention:
         }
         if window is not None:
             attrs["local_window_size"] = int(window)  # the same span as transformers' sliding-window mask
+        if dec.attention_softcap:
+            attrs["softcap"] = float(dec.attention_softcap)  # Gemma 2: on the scaled logits, before the mask
         return b.op(
             "GroupQueryAttention",
-            [*qkv_in, past_k, past_v, g.seqlens_k, g.total_sequence_length, "cos_cache", "sin_cache"],
+            [*qkv_in, past_k, past_v, g.seqlens_k, g.total_sequence_length, *dec.rope(i)],
             f"{n}/gqa",
             n_out=[f"{n}/out", present_k, present_v],
             domain=MS_DOMAIN,
@@ -218,7 +220,7 @@ class StandardAttention:
         # microseconds of dispatch: for the 0.5B draft, ~6% of a step when q, k and v each had their own).
         heads = b.op("Reshape", [qkv, b.const(f"{n}/heads_shape", np.array([0, 0, nh + 2 * kvh, d]))], f"{n}/heads")
         heads = b.op("Transpose", [heads], f"{n}/heads_first", perm=[0, 2, 1, 3])
-        rope = ["cos_cache", "sin_cache", self._position_ids(dec)]
+        rope = [*dec.rope(i), self._position_ids(dec)]
         if norms is None:  # RoPE on q and k together
             qk, v = b.op(
                 "Split", [heads, b.const(f"{n}/qk_v", np.array([nh + kvh, kvh]))], f"{n}/split", n_out=2, axis=1
@@ -245,6 +247,8 @@ class StandardAttention:
             q_num_heads=nh,
             kv_num_heads=kvh,
             scale=dec.attention_scale,
+            # Gemma 2: cap * tanh(x / cap) on the scaled logits, before the mask (as transformers does)
+            **({"softcap": float(dec.attention_softcap)} if dec.attention_softcap else {}),
         )
         y = b.op("Transpose", [y], f"{n}/seq_first", perm=[0, 2, 1, 3])
         return b.op("Reshape", [y, b.const(f"{n}/out_shape", np.array([0, 0, nh * d]))], f"{n}/out")

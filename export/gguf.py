@@ -29,6 +29,30 @@ END_OF_TURN_TOKENS = (
 )
 
 
+def dropped_setting(arch: str, fields: dict[str, Any], config: Any) -> str | None:
+    """A setting the GGUF file holds (or implies) that transformers' GGUF reader, which builds the config from a
+    fixed list of keys and defaults for the rest, leaves out: exporting would build another model. None: none.
+
+    - rope scaling (`<arch>.rope.scaling.type`, e.g. Gemma 3 4B-27B's linear x8 on its global layers) where the
+      config has none;
+    - Gemma 3's query scale: transformers defaults query_pre_attn_scalar to 256, right where head_dim is 256
+      (270M-12B), wrong for the 27B (head_dim 128, scalar hidden / heads = 168; llama.cpp special-cases it).
+    """
+    kind = str(fields.get(f"{arch}.rope.scaling.type", "none"))
+    if kind not in ("none", ""):
+        rope = getattr(config, "rope_parameters", None) or {}
+        tables = [t for t in rope.values() if isinstance(t, dict)] if "rope_type" not in rope else [rope]
+        if all(t.get("rope_type", "default") == "default" for t in tables):
+            factor = fields.get(f"{arch}.rope.scaling.factor", "?")
+            return f"its rope scaling ({kind}, factor {factor}) is not read by transformers' GGUF loader"
+    if arch == "gemma3" and getattr(config, "query_pre_attn_scalar", None) != getattr(config, "head_dim", None):
+        return (
+            f"transformers' GGUF loader sets Gemma 3's query_pre_attn_scalar to {config.query_pre_attn_scalar}, "
+            f"right only where head_dim is {config.query_pre_attn_scalar} (this file's: {config.head_dim})"
+        )
+    return None
+
+
 class GGUFCheckpoint(Checkpoint):
     format = "gguf"
 
@@ -41,6 +65,10 @@ class GGUFCheckpoint(Checkpoint):
         except Exception as e:
             raise ExportError(f"{path}: not a readable GGUF file ({first_line(e)})") from None
         self.config = self._load_config()
+        fields = {name: field.contents() for name, field in self.reader.fields.items() if ".rope.scaling." in name}
+        problem = dropped_setting(str(self.reader.fields["general.architecture"].contents()), fields, self.config)
+        if problem:
+            raise ExportError(f"{path}: {problem}; export from the model's Hugging Face folder instead")
         self._tensors = {t.name: t for t in self.reader.tensors}
 
     def _pretrained(self) -> tuple[Path, dict[str, Any]]:

@@ -30,14 +30,18 @@ from .top import TOP_CONFIDENCE, TOP_MODE, TOP_TOKEN, add_top
 from .weights import ExternalData
 
 
-def rotary_tables(config, spec: ArchSpec, max_seq_len: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [max_seq_len, head_dim / 2] from the model's own transformers rotary embedding."""
+def rotary_tables(
+    config, spec: ArchSpec, max_seq_len: int, head_dim: int, layer_type: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [max_seq_len, head_dim / 2] from the model's own transformers rotary embedding (of one layer
+    type, for a model whose layer types rotate differently: Gemma 3's local and global bases)."""
     import torch
 
     module_name, cls_name = spec.rotary.rsplit(".", 1)
     rotary = getattr(importlib.import_module(module_name), cls_name)(config)
+    kind = () if layer_type is None else (layer_type,)
     with torch.no_grad():
-        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(max_seq_len)[None])
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(max_seq_len)[None], *kind)
     half = head_dim // 2
     return cos[0, :, :half].numpy().copy(), sin[0, :, :half].numpy().copy()
 
@@ -92,6 +96,10 @@ def build_graph(
     return g, data.sha256, decoder.native_log
 
 
+def _rope_names(layer_type: str | None) -> tuple[str, str]:
+    return ("cos_cache", "sin_cache") if layer_type is None else (f"cos_cache/{layer_type}", f"sin_cache/{layer_type}")
+
+
 class _Decoder:
     """Emits the decoder block by block, pulling each weight from the checkpoint when it is needed."""
 
@@ -118,6 +126,7 @@ class _Decoder:
         scale = spec.attention_scale(ckpt.config)
         self.attention_scale = float(arch.head_dim**-0.5 if scale is None else scale)
         self.residual_multiplier = spec.residual_multiplier(ckpt.config)
+        self.attention_softcap = spec.attention_softcap(ckpt.config)
         self.native_log: dict[str, str] = {}  # HF weight name -> what --quant native did with it
         self.flavour = flavour(g.flavour, g.masks)
         self._kv_info = lambda name: helper.make_tensor_value_info(
@@ -129,6 +138,17 @@ class _Decoder:
 
     def w(self, name: str) -> np.ndarray:
         return self.ckpt.tensor(name)
+
+    def norm_weight(self, name: str) -> np.ndarray:
+        """An RMSNorm's multiplier: the weight, or (1 + weight) where the architecture stores it so (Gemma)."""
+        return self.w(name) + np.float32(self.spec.norm_offset) if self.spec.norm_offset else self.w(name)
+
+    def norm(self, x: str, weight: str, name: str) -> str:
+        return self.b.rms_norm(x, self.norm_weight(weight), self.arch.rms_norm_eps, name)
+
+    def rope(self, i: int) -> tuple[str, str]:
+        """The cos/sin tables layer i rotates by."""
+        return _rope_names(self.ckpt.config.layer_types[i] if self.spec.rope_per_layer_type else None)
 
     def project(self, x: str, name: str, weights: list[str], bias: np.ndarray | None, quantize: bool = True) -> str:
         """x @ W^T (+ b) for one or more HF weights fused along the output (q/k/v, gate/up)."""
@@ -173,10 +193,13 @@ class _Decoder:
         return [f"{prefix}.{part}_proj.weight" for part in parts]
 
     def embed(self) -> str:
-        b = self.b
-        cos, sin = rotary_tables(self.ckpt.config, self.spec, self.max_seq_len, self.arch.head_dim)
-        b.const("cos_cache", cos)
-        b.const("sin_cache", sin)
+        b, config = self.b, self.ckpt.config
+        kinds = sorted(set(config.layer_types)) if self.spec.rope_per_layer_type else [None]
+        for kind in kinds:
+            cos, sin = rotary_tables(config, self.spec, self.max_seq_len, self.arch.head_dim, kind)
+            cos_name, sin_name = _rope_names(kind)
+            b.const(cos_name, cos)
+            b.const(sin_name, sin)
         table = self.w("model.embed_tokens.weight")
         if self.arch.padded_from:  # padding ids (never produced by the tokenizer) embed as zeros
             table = np.pad(table, ((0, self.arch.vocab_size - table.shape[0]), (0, 0)))
@@ -200,8 +223,8 @@ class _Decoder:
         eps = arch.rms_norm_eps
         p, n = f"model.layers.{i}.self_attn", f"layers.{i}/attn"
         h = x
-        if not self.spec.post_norms:
-            h = b.rms_norm(x, self.w(f"model.layers.{i}.input_layernorm.weight"), eps, f"{n}/input_norm")
+        if self.spec.pre_norms:
+            h = self.norm(x, f"model.layers.{i}.input_layernorm.weight", f"{n}/input_norm")
         parts = ("q", "k", "v")
         qkv = self.project(h, f"{n}/qkv_proj", self.names(p, parts, "qkv"), self.fused_bias(p, parts))
         if self.spec.qk_norm_full:  # OLMo 2: q and k each normalised over all their heads at once
@@ -210,12 +233,12 @@ class _Decoder:
                 f"{n}/qkv_sizes", np.array([arch.num_heads * d, arch.num_kv_heads * d, arch.num_kv_heads * d])
             )
             q, k, v = b.op("Split", [qkv, sizes], f"{n}/qkv_split", n_out=3, axis=-1)
-            q = b.rms_norm(q, self.w(f"{p}.q_norm.weight"), eps, f"{n}/q_norm")
-            k = b.rms_norm(k, self.w(f"{p}.k_norm.weight"), eps, f"{n}/k_norm")
+            q = self.norm(q, f"{p}.q_norm.weight", f"{n}/q_norm")
+            k = self.norm(k, f"{p}.k_norm.weight", f"{n}/k_norm")
             qkv = b.op("Concat", [q, k, v], f"{n}/qkv_normed", axis=-1)
         norms = None
-        if self.spec.qk_norm:  # Qwen3: RMSNorm over each head of q and k, before RoPE
-            norms = (self.w(f"{p}.q_norm.weight"), self.w(f"{p}.k_norm.weight"), eps)
+        if self.spec.qk_norm:  # Qwen3, Gemma 3: RMSNorm over each head of q and k, before RoPE
+            norms = (self.norm_weight(f"{p}.q_norm.weight"), self.norm_weight(f"{p}.k_norm.weight"), eps)
         window = self.spec.window(self.ckpt.config, i)
         window = window if window is not None and window < self.max_seq_len else None
         past_k, past_v, present_k, present_v = g.kv_names(i)
@@ -225,32 +248,42 @@ class _Decoder:
         bias = self.w(f"{p}.o_proj.bias") if "o" in self.biases else None
         o = self.project(attn, f"{n}/o_proj", [f"{p}.o_proj.weight"], bias)
         if self.spec.post_norms:
-            o = b.rms_norm(o, self.w(f"model.layers.{i}.post_attention_layernorm.weight"), eps, f"{n}/post_norm")
+            o = self.norm(o, f"model.layers.{i}.post_attention_layernorm.weight", f"{n}/post_norm")
         return self.residual(x, o, n)
 
     def mlp(self, i: int, x: str) -> str:
         b, arch = self.b, self.arch
         p, n = f"model.layers.{i}.mlp", f"layers.{i}/mlp"
         h = x
-        if not self.spec.post_norms:  # Llama's "post-attention" norm is the MLP's input norm
-            h = b.rms_norm(
-                x,
-                self.w(f"model.layers.{i}.post_attention_layernorm.weight"),
-                arch.rms_norm_eps,
-                f"{n}/post_attention_norm",
-            )
+        if self.spec.pre_norms:  # Llama's "post-attention" norm is the MLP's input norm (Gemma's pre-feedforward)
+            pre = "pre_feedforward_layernorm" if self.spec.post_norms else "post_attention_layernorm"
+            h = self.norm(x, f"model.layers.{i}.{pre}.weight", f"{n}/input_norm")
         parts = ("gate", "up")
         gu = self.project(h, f"{n}/gate_up_proj", self.names(p, parts, "gate_up"), self.fused_bias(p, parts))
         sizes = b.const(f"{n}/gate_up_sizes", np.array([arch.intermediate_size] * 2))
         gate, up = b.op("Split", [gu, sizes], f"{n}/split", n_out=2, axis=-1)
-        silu = b.op("Mul", [gate, b.op("Sigmoid", [gate], f"{n}/sigmoid")], f"{n}/silu")
-        gated = b.op("Mul", [silu, up], f"{n}/gated")
+        gated = b.op("Mul", [self.activate(gate, n), up], f"{n}/gated")
         bias = self.w(f"{p}.down_proj.bias") if "down" in self.biases else None
         down = self.project(gated, f"{n}/down_proj", [f"{p}.down_proj.weight"], bias)
         if self.spec.post_norms:
-            weight = self.w(f"model.layers.{i}.post_feedforward_layernorm.weight")
-            down = b.rms_norm(down, weight, arch.rms_norm_eps, f"{n}/post_norm")
+            down = self.norm(down, f"model.layers.{i}.post_feedforward_layernorm.weight", f"{n}/post_norm")
         return self.residual(x, down, n)
+
+    def activate(self, gate: str, n: str) -> str:
+        """The MLP gate's activation: SiLU, or GELU with tanh (Gemma's gelu_pytorch_tanh: the Gelu operator
+        from opset 20, its formula below that)."""
+        b = self.b
+        if self.spec.activation(self.ckpt.config) == "silu":
+            return b.op("Mul", [gate, b.op("Sigmoid", [gate], f"{n}/sigmoid")], f"{n}/silu")
+        if b.opset >= 20:
+            return b.op("Gelu", [gate], f"{n}/gelu", approximate="tanh")
+        # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+        c = lambda name, v: b.const(f"{n}/gelu/{name}", np.array(v, np.float32))  # noqa: E731
+        cube = b.op("Mul", [b.op("Mul", [gate, gate], f"{n}/gelu/sq"), gate], f"{n}/gelu/cube")
+        inner = b.op("Add", [gate, b.op("Mul", [cube, c("k", 0.044715)], f"{n}/gelu/kx3")], f"{n}/gelu/inner")
+        t = b.op("Tanh", [b.op("Mul", [inner, c("s", np.sqrt(2 / np.pi))], f"{n}/gelu/scaled")], f"{n}/gelu/tanh")
+        half = b.op("Mul", [gate, c("half", 0.5)], f"{n}/gelu/half")
+        return b.op("Mul", [half, b.op("Add", [t, c("one", 1.0)], f"{n}/gelu/one_plus")], f"{n}/gelu")
 
     def lm_head(self, x: str) -> None:
         """The final norm and the LM head in float32 whatever the bundle's dtype (the logits the samplers
@@ -259,7 +292,7 @@ class _Decoder:
         if b.dtype != "fp32":
             x = b.op("Cast", [x], "final_norm/float32", to=ONNX_FLOAT["fp32"])
         with b.float32():
-            h = b.rms_norm(x, self.w("model.norm.weight"), arch.rms_norm_eps, "final_norm")
+            h = self.norm(x, "model.norm.weight", "final_norm")
             h = self.flavour.select(self, h)  # only the positions whose logits the runtime reads
             head = "model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"
             if q.method == "native" and (not q.lm_head or q.lm_head_bits):
@@ -276,6 +309,11 @@ class _Decoder:
                 logits = b.op(
                     "Div", [logits, b.const("logits/divisor", np.array(divisor, np.float32))], "logits/scaled"
                 )
+            cap = self.spec.logits_softcap(self.ckpt.config)
+            if cap:  # Gemma: cap * tanh(logits / cap)
+                c = b.const("logits/softcap", np.array(cap, np.float32))
+                t = b.op("Tanh", [b.op("Div", [logits, c], "logits/over_cap")], "logits/tanh")
+                logits = b.op("Mul", [t, c], "logits/capped")
             if arch.padded_from:  # the padding ids' logits: PAD_LOGIT, probability exactly 0
                 extra = arch.vocab_size - arch.padded_from
                 rank = len(self.flavour.logits_shape(arch.vocab_size))  # pads: every axis's start, then its end

@@ -137,20 +137,27 @@ class ExportOptions:
 
 
 def architecture_of(config, spec: ArchSpec) -> Architecture:
-    act = getattr(config, "hidden_act", "silu")
+    act = spec.activation(config)
     if act not in spec.hidden_acts:
-        raise UnsupportedModelError(f"hidden_act {act!r} is not supported for {spec.model_type}; supported: silu")
+        raise UnsupportedModelError(
+            f"hidden_act {act!r} is not supported for {spec.model_type}; supported: {', '.join(spec.hidden_acts)}"
+        )
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    # One table, or one per layer type (Gemma 3: {"sliding_attention": {...}, "full_attention": {...}}).
+    tables = [rope[t] for t in sorted(set(config.layer_types)) if rope.get(t)] if spec.rope_per_layer_type else []
+    for table in tables or [rope]:
+        rope_type = table.get("rope_type", table.get("type", "default"))
+        if rope_type not in (*STATIC_ROPE_TYPES, "longrope"):  # longrope: its short table, checked at export
+            raise UnsupportedModelError(
+                f"rope_type {rope_type!r} is not supported (its tables depend on the sequence length); "
+                f"supported: {', '.join(STATIC_ROPE_TYPES)}, and longrope up to its original context"
+            )
+        if float(table.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0) != 1.0:
+            raise UnsupportedModelError(
+                "partial_rotary_factor below 1 (rotary embedding on part of each head) is not supported"
+            )
+    rope = rope.get("full_attention", rope) if tables else rope  # the manifest names the global layers' table
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in (*STATIC_ROPE_TYPES, "longrope"):  # longrope: its short table, checked at export
-        raise UnsupportedModelError(
-            f"rope_type {rope_type!r} is not supported (its tables depend on the sequence length); "
-            f"supported: {', '.join(STATIC_ROPE_TYPES)}, and longrope up to its original context"
-        )
-    if float(rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0) != 1.0:
-        raise UnsupportedModelError(
-            "partial_rotary_factor below 1 (rotary embedding on part of each head) is not supported"
-        )
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     if head_dim % 16:

@@ -30,6 +30,28 @@ ARCH_CONFIGS = {
     "phi3": dict(sliding_window=24),  # Phi-3 mini's window (2,047) is every layer's
     "olmo2": dict(attention_bias=True),  # its q/k norms then normalise the biased projections
     "granite": dict(embedding_multiplier=3.0, attention_multiplier=0.09, residual_multiplier=0.5, logits_scaling=2.5),
+    # Gemma: head_dim != hidden / heads, a query scalar away from head_dim, sliding (window 24 < the test
+    # sequences) and full layers interleaved, soft caps small enough to bend the logits (the real ones: 50, 30)
+    "gemma2": dict(
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        sliding_window=24,
+        layer_types=["sliding_attention", "full_attention"],
+        attn_logit_softcapping=1.5,
+        final_logit_softcapping=2.0,
+    ),
+    # Gemma 3: local layers rotate by base 10,000, global ones by their own base with linear scaling (4B+)
+    "gemma3_text": dict(
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        sliding_window=24,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        },
+        final_logit_softcapping=2.0,
+    ),
 }
 
 
@@ -120,10 +142,11 @@ def make_checkpoint(
         )
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        unit = 0.0 if model_type.startswith("gemma") else 1.0  # Gemma's norms multiply by (1 + weight)
         with torch.no_grad():  # random norms and biases, so their wiring is tested too
             for name, p in model.named_parameters():
                 if name.endswith("norm.weight"):
-                    p.copy_(1.0 + 0.2 * torch.randn(p.shape))
+                    p.copy_(unit + 0.2 * torch.randn(p.shape))
                 elif name.endswith("bias"):
                     p.copy_(0.1 * torch.randn(p.shape))
     model.eval().save_pretrained(out)

@@ -206,7 +206,7 @@ def test_unsupported_model_type_at_export(capsys, tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     code, _, err = run_cli(capsys, "export", "--model", tmp_path / "m", "--role", "draft", "--out", tmp_path / "o")
     assert_one_line_error(
-        code, err, "model_type 'gpt2' is not supported", "granite, llama, mistral, olmo2, phi3, qwen2, qwen3"
+        code, err, "model_type 'gpt2' is not supported", "gemma2, gemma3_text, granite, llama, mistral, olmo2, phi3"
     )
 
 

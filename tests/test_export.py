@@ -23,6 +23,8 @@ VARIANTS = {  # name -> (model_type, checkpoint options): every architecture plu
     "granite": ("granite", {}),
     "olmo2": ("olmo2", {}),
     "phi3": ("phi3", {}),
+    "gemma2": ("gemma2", {}),
+    "gemma3": ("gemma3_text", {}),
     # SmolLM2 is a llama: tied embeddings, 3 query heads per KV head, a high rope base (135M: 9/3 heads, 1e5)
     "llama-smollm2": ("llama", {"tie": True, "hidden": 96, "heads": 6, "kv_heads": 2, "rope_theta": 100000.0}),
     "llama-biases-tied": ("llama", {"attention_bias": True, "mlp_bias": True, "tie": True}),
@@ -162,7 +164,8 @@ def test_validation_failure_writes_no_manifest(zoo, tmp_path, monkeypatch):
 def test_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1}))
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(UnsupportedModelError, match="model_type 'gpt2' is not supported; supported: granite, llama, "):
+    supported = "model_type 'gpt2' is not supported; supported: gemma2, gemma3_text, granite, "
+    with pytest.raises(UnsupportedModelError, match=supported):
         export_bundle(tmp_path, tmp_path / "out", ExportOptions(), Progress(enabled=False))
 
 
@@ -201,7 +204,7 @@ def test_block_symmetry_and_lm_head_choices(zoo):
 
 
 @pytest.mark.parametrize("quant", ["none", "int4"])
-@pytest.mark.parametrize("arch", ["granite", "olmo2", "phi3"])
+@pytest.mark.parametrize("arch", ["granite", "olmo2", "phi3", "gemma2", "gemma3_text"])
 def test_new_architectures_speculate_losslessly(zoo, arch, quant):
     """A target of the architecture and its noisy draft (Granite's scalings, OLMo 2's post-norms and full q/k
     norms, Phi-3's fused projections): speculative output equals target-only output, fp32 and int4, drafts

@@ -67,3 +67,24 @@ def test_gguf_bundle_tracks_the_original_checkpoint(gguf_case):
         ref = model(torch.tensor([ids])).logits[0].numpy()
     assert np.mean(got.argmax(-1) == ref.argmax(-1)) >= 0.9
     assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
+
+
+def test_settings_transformers_gguf_reader_drops_are_refused():
+    """A GGUF whose rope scaling, or whose Gemma 3 query scale, transformers' GGUF loader would leave out is
+    refused (the export would build another model) with the reason; what the loader reads is accepted."""
+    from types import SimpleNamespace
+
+    from specrt.export.gguf import dropped_setting
+
+    gemma = lambda **kw: SimpleNamespace(  # noqa: E731 - a Gemma 3 config as transformers builds it from a GGUF
+        rope_parameters={"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "default"}},
+        query_pre_attn_scalar=256,
+        head_dim=kw.get("head_dim", 256),
+    )
+    scaled = {"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0}
+    assert "rope scaling (linear, factor 8.0)" in dropped_setting("gemma3", scaled, gemma())
+    assert "query_pre_attn_scalar to 256" in dropped_setting("gemma3", {}, gemma(head_dim=128))
+    assert dropped_setting("gemma3", {}, gemma()) is None  # Gemma 3 270M-12B without scaling
+    assert dropped_setting("gemma3", {"gemma3.rope.scaling.type": "none"}, gemma()) is None
+    llama = SimpleNamespace(rope_parameters={"rope_type": "linear", "factor": 2.0})
+    assert dropped_setting("llama", {"llama.rope.scaling.type": "linear"}, llama) is None  # read: fine
