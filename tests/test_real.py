@@ -129,3 +129,43 @@ def test_smollm2_real_weights_export_and_speculate(tmp_path):
         assert spec.token_ids == plain.token_ids, prompt
         drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
     assert 0 < accepted < drafted
+
+
+GEMMA3 = ROOT / "models/gemma-3-270m.gguf"
+
+
+def test_gemma3_real_weights_export_and_speculate(tmp_path):
+    """Gemma 3 270M (base) from its GGUF: an fp32 bundle checked against transformers at export; a prompt
+    longer than its sliding window (512) agrees with transformers where the local layers see only part of
+    it; an int4 draft of the same weights and speculative output equal to target-only output."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specrt import open_bundle
+    from specrt.export import ExportOptions, Progress, export_bundle
+    from specrt.runtime.session import ModelSession
+
+    need(GEMMA3)
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    m = export_bundle(GEMMA3, target, ExportOptions(quant="none", max_seq_len=640), Progress(enabled=False))
+    assert m.architecture.model_type == "gemma3_text" and m.architecture.sliding_window == 512
+    assert m.validation.passed and m.validation.top1_agreement == 1.0
+
+    ids = np.random.default_rng(0).integers(0, 262_144, 600).tolist()  # past the window of 512
+    got = ModelSession(open_bundle(target)).forward(ids, keep=8)
+    model = AutoModelForCausalLM.from_pretrained(GEMMA3.parent, gguf_file=GEMMA3.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, -8:].numpy()
+    del model
+    assert np.abs(got - ref).max() < 1e-3 and (got.argmax(-1) == ref.argmax(-1)).all(), np.abs(got - ref).max()
+
+    export_bundle(GEMMA3, draft, ExportOptions.for_role("draft", max_seq_len=640), Progress(enabled=False))
+    engine = specrt.load(target, draft)
+    drafted = accepted = 0
+    for prompt in ("def fibonacci(n):", "The capital of France is", "Once upon a time,"):
+        plain = engine.complete(prompt, GenerationOptions(max_new_tokens=32, num_draft_tokens=0, ignore_eos=True))
+        spec = engine.complete(prompt, GenerationOptions(max_new_tokens=32, num_draft_tokens=3, ignore_eos=True))
+        assert spec.token_ids == plain.token_ids, prompt
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+    assert 0 < accepted < drafted
