@@ -154,10 +154,12 @@ def make_checkpoint(
 
 
 def write_gguf(hf_folder: Path, out_file: Path, quant: str = "Q8_0") -> Path:
-    """Convert a small Hugging Face llama/qwen2 checkpoint to GGUF the way llama.cpp's converter does.
+    """Convert a small Hugging Face llama/qwen2/phi3/gemma2/gemma3 checkpoint to GGUF the way llama.cpp's
+    converter does.
 
     2-D weights are stored as `quant` (Q8_0 by default), norms and biases as F32; llama q/k rows are
-    permuted into llama.cpp's rotary layout; the tokenizer goes in as GGUF `gpt2` BPE metadata.
+    permuted into llama.cpp's rotary layout; Gemma's norms are stored as (1 + weight), the factor they
+    multiply by; the tokenizer goes in as GGUF `gpt2` BPE metadata.
     """
     import json
 
@@ -167,7 +169,7 @@ def write_gguf(hf_folder: Path, out_file: Path, quant: str = "Q8_0") -> Path:
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(hf_folder)
-    arch = cfg.model_type
+    arch = {"gemma3_text": "gemma3"}.get(cfg.model_type, cfg.model_type)
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
     qtype = gguf.GGMLQuantizationType[quant]
@@ -180,8 +182,15 @@ def write_gguf(hf_folder: Path, out_file: Path, quant: str = "Q8_0") -> Path:
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)  # Gemma 3: the global layers' base
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim != cfg.hidden_size // cfg.num_attention_heads or arch.startswith("gemma"):
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    if arch.startswith("gemma") and getattr(cfg, "sliding_window", None):
+        writer.add_sliding_window(cfg.sliding_window)
 
     tok = json.loads((hf_folder / "tokenizer.json").read_text())
     vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
@@ -207,6 +216,8 @@ def write_gguf(hf_folder: Path, out_file: Path, quant: str = "Q8_0") -> Path:
         base, suffix = hf_name.rsplit(".", 1)
         name = names.get_name(base) + "." + suffix
         w = w.astype(np.float32)
+        if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
+            w = w + 1.0  # llama.cpp's converter: ggml's RMSNorm multiplies by the stored weight
         if arch == "llama" and base.endswith("q_proj") and suffix == "weight":
             w = permute(w, cfg.num_attention_heads)
         if arch == "llama" and base.endswith("k_proj") and suffix == "weight":

@@ -22,10 +22,30 @@ STRINGS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama"])
+# Each architecture with the settings transformers' GGUF reader restores (it reads a fixed list of keys and
+# takes its config's defaults for the rest: Phi-3's window, Gemma's soft caps, query scale and layer pattern).
+GEMMA = dict(head_dim=256, query_pre_attn_scalar=256, sliding_window=24, tie=True)
+CASES = {
+    "qwen2": {},
+    "llama": {},
+    "phi3": dict(sliding_window=None),
+    "gemma2": dict(GEMMA, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    "gemma3_text": dict(
+        GEMMA,
+        layer_types=["sliding_attention"] * 2,
+        final_logit_softcapping=None,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
 def gguf_case(request, zoo):
     arch = request.param
-    folder = zoo.checkpoint(f"gguf-src-{arch}", arch, seed=21)
+    folder = zoo.checkpoint(f"gguf-src-{arch}", arch, seed=21, **CASES[arch])
     path = write_gguf(folder, zoo.root / f"tiny-{arch}.gguf")
     zoo._checkpoints[f"gguf-{arch}"] = path
     return arch, folder, path, zoo.bundle(f"gguf-{arch}", f"gguf-{arch}", max_seq_len=64)
