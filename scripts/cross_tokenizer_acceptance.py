@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,12 @@ class Walk:
     proposed: int = 0  # target tokens the proposals came to
     accepted: int = 0  # of them, accepted (equal to the target's greedy tokens)
     broken: int = 0  # rounds whose re-tokenized context no longer starts with the target's own ids
-    per_prompt: list[float] = field(default_factory=list)  # tokens per round (accepted + the target's own)
+
+    def add(self, other: Walk) -> None:
+        self.rounds += other.rounds
+        self.proposed += other.proposed
+        self.accepted += other.accepted
+        self.broken += other.broken
 
     def row(self) -> dict:
         return {
@@ -78,7 +83,7 @@ def target_greedy(engine, prompt_ids: list[int], n: int) -> list[int]:
     return engine.complete(prompt_ids, GenerationOptions(max_new_tokens=n, ignore_eos=True)).token_ids
 
 
-def walk(prompt: list[int], truth: list[int], k: int, propose) -> Walk:
+def walk(prompt: list[int], truth: list[int], propose) -> Walk:
     """Rounds over the target's greedy output `truth`: each round `propose(context_ids)` gives target ids; the
     accepted prefix plus the target's own next token are taken."""
     w, done = Walk(), 0
@@ -137,15 +142,9 @@ def main() -> int:
         for name, propose in (("text", by_text), ("ids", by_ids if token_draft else None)):
             if propose is None:
                 continue
-            w = walk(prompt, truth, args.k, propose)
+            w = walk(prompt, truth, propose)
             row[name] = w.row()
-            t = totals[name]
-            t.rounds, t.proposed, t.accepted, t.broken = (
-                t.rounds + w.rounds,
-                t.proposed + w.proposed,
-                t.accepted + w.accepted,
-                t.broken + w.broken,
-            )
+            totals[name].add(w)
         table.append(row)
         print(json.dumps(row), flush=True)
     summary = {name: w.row() for name, w in totals.items() if w.rounds}

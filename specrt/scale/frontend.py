@@ -7,9 +7,9 @@ with the engine's own one-line errors (specrt/engine/prompting.py), then sent as
 handle to an engine replica (the router picks which; specrt/scale/router.py). `RemoteGeneration` is what the
 app iterates: the replica's streamed pieces, with token ids, finish reason and statistics as the replica
 reports them. The app reads it on its event loop (`async for`: a handle's response is awaited there, with no
-worker thread per piece as a local Generation needs). A replica that dies mid-stream
-surfaces as an exception from the iteration, which the app already turns into a clean error (an error event in
-a stream, a 500 otherwise).
+worker thread per piece as a local Generation needs). A replica that dies mid-stream surfaces as an exception
+from the iteration, which the app already turns into a clean error (an error event in a stream, a 500
+otherwise).
 
 Counters at this front end (`stats`) are what it saw: requests in flight through it, and the finished ones'
 tokens and speculation; the engines' own counters are each replica's (specrt/scale/replica.py).
