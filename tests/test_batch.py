@@ -356,46 +356,112 @@ def test_measuring_profiles_at_admission_leaves_running_rows_alone(zoo, tmp_path
 
 
 def test_a_batch_always_gets_its_ceiling(zoo, tmp_path, monkeypatch):
-    """The batch's costs are built at the first admission, whatever its k, and read from the bundle whenever
-    they are stored: a server whose first request has a fixed k, or whose first requests arrive together,
-    must not leave its auto-k rows drafting as if each ran alone (before, only an auto-k request admitted
-    alone built them)."""
+    """The batch's costs are built at the first admission, whatever its k and however many requests arrive
+    together: from the stored batch profiles, else from a stand-in priced from the one-row profiles, so
+    that no request waits minutes for a batch measurement and auto-k rows never draft as if each ran alone.
+    The engine measures the batch in its first idle moment, stores it, and prices the batch from it; a
+    stored one is never measured again."""
     import shutil
 
+    from specrt.engine import api
     from specrt.tuning import measure
 
     no_profiles = shutil.ignore_patterns("profiles")
     target = shutil.copytree(zoo.target(), tmp_path / "t", ignore=no_profiles)
     draft = shutil.copytree(zoo.noisy_draft(), tmp_path / "d", ignore=no_profiles)
+    measured, real = [], measure.measure_batches
+    monkeypatch.setattr(api, "measure_batches", lambda *a, **k: (measured.append(k["stop"]()), real(*a, **k))[1])
+    monkeypatch.setattr(api, "IDLE_S", 0.05)
+
     engine = specrt.load(target, draft, max_batch=2)
-    engine.complete("def f(x):", GenerationOptions(max_new_tokens=4, num_draft_tokens=2))  # a fixed k first
-    assert engine.scheduler.batch_cost is not None
-    assert list((target / "profiles").glob("*-batch.json")) and list((draft / "profiles").glob("*-batch.json"))
+    jobs = [(p, GenerationOptions(max_new_tokens=6, ignore_eos=True)) for p in prompts(2)]  # auto k, together
+    out = run_concurrently(engine, jobs, fill=True)
+    assert all(g.finish_reason == "max_new_tokens" for g in out)
+    cost = engine.scheduler.batch_cost
+    assert cost is not None and cost.target.reps == 0 and cost.draft.reps == 0  # the stand-in, at once
+    for _ in range(400):  # the idle moment measures both models' batches
+        if list((target / "profiles").glob("*-batch.json")) and list((draft / "profiles").glob("*-batch.json")):
+            break
+        time.sleep(0.05)
+    engine.reset()  # waits for the scheduler thread to end
+    assert measured == [False, False]  # measured with nothing waiting, once per model
+    cost = engine.scheduler.batch_cost
+    assert cost.target.reps == measure.BATCH_REPS and cost.draft.reps == measure.BATCH_REPS
+    assert all(len(r.ids) == 0 for s in (engine.target, engine.draft) for r in s.kv.rows)  # both emptied alike
 
     def no_measuring(*a, **k):
         raise AssertionError("stored batch profiles were measured again")
 
-    monkeypatch.setattr(measure, "measure_batches", no_measuring)
+    monkeypatch.setattr(api, "measure_batches", no_measuring)
     again = specrt.load(target, draft, max_batch=2)
-    assert again._batch_cost(alone=False) is not None  # stored: read whatever else runs
-    jobs = [(p, GenerationOptions(max_new_tokens=6, ignore_eos=True)) for p in prompts(2)]  # auto k, together
+    again.complete("def f(x):", GenerationOptions(max_new_tokens=4, num_draft_tokens=2))  # a fixed k first
+    assert again.scheduler.batch_cost.target.reps == measure.BATCH_REPS  # read from the bundle
     out = run_concurrently(again, jobs, fill=True)
-    assert all(g.finish_reason == "max_new_tokens" for g in out) and again.scheduler.batch_cost is not None
-    # Nothing stored and others running: no measuring over their slots (the next lone admission measures).
-    fresh = specrt.load(shutil.copytree(zoo.target(), tmp_path / "t2", ignore=no_profiles), max_batch=2, ngram=True)
-    assert fresh._batch_cost(alone=False) is None
+    assert all(g.finish_reason == "max_new_tokens" for g in out)
 
 
-def test_the_batch_learns_its_rounds_without_the_drafts_catch_up(zoo, tmp_path):
+def test_the_idle_moments_batch_measurement_gives_way_to_a_request(zoo, tmp_path, monkeypatch):
+    """A request arriving while the engine measures its batch waits one timed run at most: the measurement
+    is given up (counted: three such and the engine stays on its stand-in) and the request is served."""
+    import shutil
+
+    from specrt.engine import api
+    from specrt.tuning import measure
+
+    no_profiles = shutil.ignore_patterns("profiles")
+    target = shutil.copytree(zoo.target(), tmp_path / "t", ignore=no_profiles)
+    started, given_up, real = threading.Event(), [], measure.measure_batches
+
+    def slow(session, batches, stop):
+        started.set()
+
+        def slow_stop():
+            time.sleep(0.01)
+            return stop()
+
+        try:
+            return real(session, batches, stop=slow_stop, reps=50)
+        except measure.Interrupted:
+            given_up.append(session)
+            raise
+
+    monkeypatch.setattr(api, "measure_batches", slow)
+    monkeypatch.setattr(api, "IDLE_S", 0.0)
+    engine = specrt.load(target, max_batch=2, ngram=True)
+    engine.complete("def f(x):", GenerationOptions(max_new_tokens=4))
+    assert started.wait(30)
+    t0 = time.monotonic()
+    out = engine.complete("class Stack:", GenerationOptions(max_new_tokens=4, ignore_eos=True))
+    assert out.finish_reason == "max_new_tokens" and time.monotonic() - t0 < 10
+    assert given_up == [engine.target] and engine._batch_tries >= 1
+    assert engine.scheduler.batch_cost.target.reps == 0  # still the stand-in
+    engine.reset()
+    assert not list((target / "profiles").glob("*-batch.json"))
+
+
+def test_a_batch_stand_in_prices_b_rows_as_one_row_of_b_times_s_tokens():
+    from specrt.tuning.profile import BatchProfiles, CostProfile
+
+    row = CostProfile({}, "t1", [64, 512], [1, 2, 4], [[10.0, 12.0, 16.0], [20.0, 22.0, 26.0]])
+    est = BatchProfiles.from_row(row, [1, 2, 4], [1, 2], [64, 512])
+    assert est(1, 1, 64) == 10.0 and est(2, 2, 64) == 16.0 and est(4, 2, 64) == row(8, 64) == 24.0
+    assert est(2, 1, 288) == 17.0  # between the contexts: linear
+    assert est.reps == 0  # never taken for a measured, stored one
+
+
+def test_the_batch_learns_its_rounds_without_the_drafts_catch_up(zoo, tmp_path, monkeypatch):
     """A draft slot behind its row (a new request's prompt, or rounds decoded plain) catches up before the
     round drafts. That is the price of switching drafting on, not of the round's k: learned as part of a
     drafting round's time, it priced drafting as dear as the catch-up made it, which kept the batch plain
     (fp32 target, 4 rows: plain in 509 of 720 row-rounds where k = 3 ran 1.38x faster)."""
     import shutil
 
+    from specrt.engine import api
+
     no_profiles = shutil.ignore_patterns("profiles")
     target = shutil.copytree(zoo.target(), tmp_path / "t", ignore=no_profiles)
     draft = shutil.copytree(zoo.noisy_draft(), tmp_path / "d", ignore=no_profiles)
+    monkeypatch.setattr(api, "IDLE_S", 1e6)  # the batch cost watched here is not replaced by a measured one
     engine = specrt.load(target, draft, max_batch=2)
     engine.complete("def f(x):", GenerationOptions(max_new_tokens=4, num_draft_tokens=2))  # builds the batch cost
     cost = engine.scheduler.batch_cost

@@ -224,3 +224,31 @@ def test_specrt_profile_stores_the_batch_profile_an_engine_reads(zoo, tmp_path):
     assert "batch profile saved to" in result.output and list((bundle / "profiles").glob("*-batch.json"))
     engine = specrt.load(bundle, draft, max_batch=4)
     assert stored_batch_profile(engine.target) is not None
+
+
+@pytest.mark.machine_load
+def test_an_idle_engine_does_not_measure_its_batch_beside_others_load(zoo, tmp_path, monkeypatch):
+    """The batch measurement of an idle moment takes minutes on real models: beside another process's load
+    its timings would be wrong and it would slow that process (another server, a benchmark), so it is given
+    up (machineload.Watch) and, after BATCH_TRIES attempts, not tried again: the stand-in stays."""
+    from specrt import GenerationOptions
+    from specrt.engine import api
+
+    bundle = shutil.copytree(zoo.target(), tmp_path / "b", ignore=shutil.ignore_patterns("profiles"))
+    monkeypatch.setattr(api, "IDLE_S", 0.4)
+    finished, real = [], api.measure_batches
+
+    def measure_batches(*a, **k):  # one the watch stops raises Interrupted; one measured to its end returns
+        finished.append(real(*a, reps=20, **k))
+        return finished[-1]
+
+    monkeypatch.setattr(api, "measure_batches", measure_batches)
+    engine = specrt.load(bundle, max_batch=2, ngram=True)
+    with Burners():
+        engine.complete("def f(x):", GenerationOptions(max_new_tokens=4))
+        deadline = time.monotonic() + 60
+        while engine._batch_tries < api.BATCH_TRIES and time.monotonic() < deadline:
+            time.sleep(0.05)
+    engine.reset()
+    assert engine._batch_tries == api.BATCH_TRIES and not finished  # none ran beside the load to its end
+    assert not list((bundle / "profiles").glob("*-batch.json")) and engine.scheduler.batch_cost.target.reps == 0

@@ -32,12 +32,18 @@ from ..runtime.sampler import GraphSampler, has_samplers
 from ..runtime.session import ModelSession, SessionOptions
 from ..tuning.batchcost import BatchCost
 from ..tuning.costmodel import MODEL, NGRAM, Tuning
+from ..tuning.machineload import Watch
 from ..tuning.measure import (
-    batch_profile_for,
+    WIDTHS,
+    Interrupted,
+    batch_estimate,
     busy,
     measure,
+    measure_batches,
     profile_for,
+    save_batch_profile,
     save_profile,
+    session_batches,
     settings_key,
     stored_batch_profile,
 )
@@ -50,6 +56,8 @@ from .runner import Runner
 from .scheduler import Scheduler
 
 PathLike = str | os.PathLike
+IDLE_S = 1.0  # idle seconds before the engine measures its batch (a gap between a client's requests is shorter)
+BATCH_TRIES = 3  # idle-moment batch measurements given up (work arrived, or other processes' load) before none
 _ENGINES: weakref.WeakSet = weakref.WeakSet()  # every engine alive, for the stop at interpreter exit
 
 
@@ -113,6 +121,9 @@ class Engine:
         # generation; a later, larger max_draft_tokens reads widths past the profile by extrapolation.
         self.tuning = Tuning()
         self._remeasured: Counter[str] = Counter()  # profiles measured again, per model (StepCosts.wrong)
+        self._batch_owed: list[ModelSession] = []  # sessions whose batch runs on an estimate (_batch_cost)
+        self._batch_tries = 0  # idle-moment batch measurements that ended busy
+        self._interrupt = threading.Event()  # reset(): give up the idle moment's measurement
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -148,6 +159,7 @@ class Engine:
         with self._lock:
             self._stopping = True
             thread = self._thread
+            self._wake.set()  # an idle moment waiting to measure ends now
         if thread is not None:
             thread.join()
 
@@ -164,11 +176,17 @@ class Engine:
                 while not self._inbox.empty():
                     scheduler.submit(self._inbox.get())
                 idle = not scheduler.has_work()
-                if idle and not self._wrong_profiles():
+                if idle and not self._wrong_profiles() and not self._batch_pending():
                     self._thread = None
                     return
             if idle:  # outside the lock: requests submitted meanwhile wait in the inbox
-                self._remeasure(self._wrong_profiles())
+                try:
+                    if wrong := self._wrong_profiles():
+                        self._remeasure(wrong)
+                    self._measure_batch()
+                except Exception:  # noqa: BLE001 - upkeep is optional: serve on what the engine has
+                    self._remeasured.update({TARGET: 2, DRAFT: 2})
+                    self._batch_owed = []
                 continue
             try:
                 scheduler.step()
@@ -202,19 +220,25 @@ class Engine:
 
     def _prepare(self, request: Request) -> None:
         """At admission, in the scheduler thread: the batch's costs, and the request's own cost models (auto
-        k). Profiles missing for this machine are measured here: a request's in its own slot before its
-        prefill, the batch's over every slot while no other request holds one."""
+        k). One-row profiles missing for this machine are measured here, in the request's slot before its
+        prefill (about a second); the batch's, which take minutes, in an idle moment (_measure_batch)."""
         drafts = self.draft is not None or self.ngram is not None
         if self.max_batch > 1 and self.scheduler.batch_cost is None and drafts:
-            self.scheduler.batch_cost = self._batch_cost(alone=len(self.scheduler.running) == 1)
+            self.scheduler.batch_cost = self._batch_cost(request)
         if request.options.num_draft_tokens is not None or not request.drafters:
             return
-        options, context, slot = request.options, len(request.prompt), request.slot
         if self.tuning.steps is None:
-            target = profile_for(self.target, options.max_draft_tokens + 1, context, slot)
-            draft = profile_for(self.draft, 1, context, slot) if self.draft is not None else None  # its steps
-            self.tuning.steps = StepCosts(target, draft)
+            self.tuning.steps = StepCosts(*self._step_profiles(request))
         request.costs = self.tuning.for_request([NGRAM if d is self.ngram else MODEL for d in request.drafters])
+
+    def _step_profiles(self, request: Request) -> tuple:
+        """The target's and the draft's one-row profiles, measured now in the request's slot if missing (the
+        draft's at the batch's widths: its batched steps are priced from them until measured)."""
+        options, context, slot = request.options, len(request.prompt), request.slot
+        target = profile_for(self.target, options.max_draft_tokens + 1, context, slot)
+        widths = min(self.max_batch, WIDTHS[-1])  # past the widest, read by extrapolation
+        draft = profile_for(self.draft, widths, context, slot) if self.draft is not None else None
+        return target, draft
 
     def _wrong_profiles(self) -> list[str]:
         steps = self.tuning.steps
@@ -251,20 +275,63 @@ class Engine:
         if profiles != steps.profiles:
             self.tuning.steps = StepCosts(profiles[TARGET], profiles[DRAFT])
 
-    def _batch_cost(self, alone: bool) -> BatchCost | None:
-        """The batch's t(B, S): stored profiles whenever they exist (whatever runs), else measured while this
-        request is alone; with others already running (a server whose first requests arrived together) and
-        nothing stored, the next request admitted alone measures them. Built at the first admission, fixed
-        k or auto: rows of auto k may join at any time, and a batch must not draft as if each row were alone."""
+    def _batch_cost(self, request: Request) -> BatchCost:
+        """The batch's t(B, S), built at the first admission, fixed k or auto (rows of auto k may join at any
+        time, and a batch must not draft as if each row were alone): the stored profiles, else a stand-in
+        priced from the one-row profiles (measure.batch_estimate) until the engine's first idle moment measures
+        the batch (`_measure_batch`). Measuring at admission, over every slot, kept a server's first requests
+        waiting: 115-124 s for the int4 1.5B + 0.5B pair on 2 cores."""
         sessions = [s for s in (self.target, self.draft) if s is not None]
-        stored = [stored_batch_profile(s) for s in sessions]
-        if all(p is not None for p in stored):
-            profiles = stored
-        elif alone:
-            profiles = [batch_profile_for(s) for s in sessions]
-        else:
-            return None
+        profiles = [stored_batch_profile(s) for s in sessions]
+        self._batch_owed = [s for s, p in zip(sessions, profiles, strict=True) if p is None]
+        if self._batch_owed:
+            rows = self._step_profiles(request)
+            profiles = [p or batch_estimate(s, row) for s, p, row in zip(sessions, profiles, rows, strict=False)]
         return BatchCost(profiles[0], profiles[1] if self.draft is not None else None)
+
+    def _batch_pending(self) -> bool:
+        return bool(self._batch_owed) and self._batch_tries < BATCH_TRIES and not self._interrupt.is_set()
+
+    def _measure_batch(self) -> None:
+        """In an idle moment that lasted IDLE_S: measure the batch profiles the batch runs without (over every
+        slot: the cached prompts are dropped), store them, and price the batch from them. A request arriving,
+        or other processes taking the CPUs (machineload.Watch: its timings would be wrong, and its load would
+        disturb them: another engine's benchmark or service) gives the measurement up within one timed run.
+        BATCH_TRIES attempts in all (each drops the prompts cached for follow-ups): after them the stand-in
+        and the rounds' corrections go on."""
+        if not self._batch_pending():
+            return
+        others = Watch()
+        if self._wake.wait(IDLE_S) or self._yield():
+            return  # work arrived (or a reset, or the exit) before the machine was ours
+        if others.busy():  # other processes used the machine through the idle second
+            self._batch_tries += 1
+            return
+        fresh = {}
+        try:
+            for session in self._batch_owed:
+                stop = lambda: self._yield() or others.busy()  # noqa: E731 - work, or others' load, arrived
+                found = measure_batches(session, session_batches(session), stop=stop)
+                if busy(found.others_share):
+                    return
+                fresh[id(session)] = found
+        except Interrupted:
+            return
+        finally:
+            self._batch_tries += len(fresh) < len(self._batch_owed)
+            for session in (self.target, self.draft):
+                for row in session.kv.rows if session is not None else []:
+                    row.reset()  # measured over, or no longer matching the other model's emptied slots
+        for session in self._batch_owed:
+            save_batch_profile(session, fresh[id(session)])
+        old = self.scheduler.batch_cost
+        target, draft = (fresh.get(id(s), p) for s, p in ((self.target, old.target), (self.draft, old.draft)))
+        self.scheduler.batch_cost = BatchCost(target, draft)
+        self._batch_owed = []
+
+    def _yield(self) -> bool:
+        """Whether the idle moment's measuring must stop: work arrived, or the engine resets or stops."""
+        return self._stopping or self._interrupt.is_set() or not self._inbox.empty()
 
     def reset(self) -> None:
         """Forget the cached contexts (the next prompts are prefilled from scratch)."""
@@ -274,7 +341,10 @@ class Engine:
         if busy:
             raise EngineBusyError("generations are running; reset() the engine once they have finished")
         if thread is not None:
+            self._interrupt.set()  # an idle moment's batch measurement gives up
+            self._wake.set()
             thread.join()  # an idle scheduler thread is on its way out
+            self._interrupt.clear()
         with self._lock:
             for session in (self.target, self.draft):
                 for row in session.kv.rows if session is not None else []:

@@ -78,3 +78,21 @@ class OtherLoad:
     @property
     def busy(self) -> bool:
         return self.share is not None and self.share > BUSY_SHARE
+
+
+class Watch:
+    """Others' load over successive windows: `busy()` says whether, since the last window ended (at least
+    MIN_WINDOW_S ago: a shorter one is not judged yet, and answers False), other processes took more than
+    BUSY_SHARE of all CPU time. For a long measurement that must stop as soon as the machine is not its own:
+    its timings would be wrong, and its load would disturb whoever is using the machine."""
+
+    def __init__(self) -> None:
+        self._last, self._t = snapshot(), time.monotonic()
+
+    def busy(self) -> bool:
+        if time.monotonic() - self._t < MIN_WINDOW_S:
+            return False
+        now = snapshot()
+        share = others_share(self._last, now)
+        self._last, self._t = now, time.monotonic()
+        return share is not None and share > BUSY_SHARE

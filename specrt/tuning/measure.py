@@ -6,7 +6,8 @@ The numbers belong to the machine, not the model: a profile is stored inside the
 `specrt profile BUNDLE` measures one, and `specrt export` runs it at the end of an export; an engine
 without a profile for its machine measures a quick one (one context, two repetitions) the first time it
 needs it and saves it as `...-quick.json`, used until a full one exists. The batch engine's t(B, S)
-profiles are measured over all of a session's slots and stored as `...-batch.json`.
+profiles are measured over all of a session's slots and stored as `...-batch.json`; until an engine has
+measured them (in an idle moment: engine/api.py), `batch_estimate` prices its batch from the one-row profile.
 
 Every measurement goes through `time_cells`: each cell once per round, a warm-up round first, rounds
 interleaved with the order reversed every other round (drift on a shared machine spreads over all cells),
@@ -54,12 +55,21 @@ BATCH_REPS = 4
 # ---------------------------------------------------------------------------------------------- the loop
 
 
-def time_cells(cells: Sequence[Hashable], setup: Callable, run: Callable, reps: int) -> dict[Hashable, float]:
+class Interrupted(Exception):
+    """A measurement given up before its end (`stop()` said so: work arrived): it measured nothing."""
+
+
+def time_cells(
+    cells: Sequence[Hashable], setup: Callable, run: Callable, reps: int, stop: Callable[[], bool] | None = None
+) -> dict[Hashable, float]:
     """Median milliseconds of run(cell) for every cell: setup(cell) (untimed) then run(cell) (timed), once per
-    round, `reps` timed rounds after one warm-up round, order reversed every other round."""
+    round, `reps` timed rounds after one warm-up round, order reversed every other round. stop() is asked
+    before every cell: True gives the measurement up (Interrupted), so a caller waits one cell at most."""
     times: dict = {cell: [] for cell in cells}
     for rnd in range(reps + 1):
         for cell in cells if rnd % 2 else cells[::-1]:
+            if stop is not None and stop():
+                raise Interrupted
             setup(cell)
             t0 = time.perf_counter()
             run(cell)
@@ -146,22 +156,27 @@ def measure_batches(
     contexts: Sequence[int] = BATCH_CONTEXTS,
     reps: int = BATCH_REPS,
     tries: int = 1,
+    stop: Callable[[], bool] | None = None,
 ) -> BatchProfiles:
-    """t(B, S) at each context for a session with at least max(batches) rows (all of them are emptied)."""
+    """t(B, S) at each context for a session with at least max(batches) rows (all of them are emptied, also
+    when stop() gives the measurement up: Interrupted)."""
     widths, contexts = list(widths), clamp_contexts(contexts, session.max_len, widths)
     batches = [b for b in batches if b <= len(session.kv.rows)]
     cells = [(c, b, w) for c in contexts for b in batches for w in widths]
-    ms, share = watched(
-        lambda: time_cells(
-            cells,
-            lambda cell: _at_context(session, range(cell[1]), cell[0]),
-            lambda cell: session.run_logits(list(range(cell[1])), [[0] * cell[2]] * cell[1], [1] * cell[1]),
-            reps,
-        ),
-        tries,
-    )
-    for row in session.kv.rows:
-        row.reset()
+    try:
+        ms, share = watched(
+            lambda: time_cells(
+                cells,
+                lambda cell: _at_context(session, range(cell[1]), cell[0]),
+                lambda cell: session.run_logits(list(range(cell[1])), [[0] * cell[2]] * cell[1], [1] * cell[1]),
+                reps,
+                stop,
+            ),
+            tries,
+        )
+    finally:
+        for row in session.kv.rows:
+            row.reset()
     return BatchProfiles(
         [
             BatchProfile(batches, widths, [_monotone([ms[c, b, w] for w in widths]) for b in batches], c, reps)
@@ -307,16 +322,27 @@ def stored_batch_profile(session: ModelSession) -> BatchProfiles | None:
     return None
 
 
-def batch_profile_for(session: ModelSession) -> BatchProfiles:
+def session_batches(session: ModelSession) -> list[int]:
+    """The batch sizes a session's t(B, S) is measured at: BATCHES up to its rows, and its rows."""
+    slots = len(session.kv.rows)
+    return sorted({b for b in BATCHES if b <= slots} | {slots})
+
+
+def batch_profile_for(session: ModelSession, stop: Callable[[], bool] | None = None) -> BatchProfiles:
     """t(B, S) at the measured context lengths for this session's bundle on this machine: the stored one, or
     measured now over all of the session's slots (the caller makes sure none holds a running sequence) and
-    saved."""
+    saved (when measured on a quiet machine). stop: as measure_batches'."""
     found = stored_batch_profile(session)
     if found is None:
-        slots = len(session.kv.rows)
-        found = measure_batches(session, sorted({b for b in BATCHES if b <= slots} | {slots}))
+        found = measure_batches(session, session_batches(session), stop=stop)
         save_batch_profile(session, found)
     return found
+
+
+def batch_estimate(session: ModelSession, step: CostProfile) -> BatchProfiles:
+    """A stand-in t(B, S) for this session's batch from one row's profile (BatchProfiles.from_row)."""
+    contexts = clamp_contexts(BATCH_CONTEXTS, session.max_len, BATCH_WIDTHS)
+    return BatchProfiles.from_row(step, session_batches(session), BATCH_WIDTHS, contexts)
 
 
 def save_batch_profile(session: ModelSession, found: BatchProfiles, even_if_busy: bool = False) -> Path | None:
