@@ -523,3 +523,34 @@ def test_each_row_stops_drafting_on_its_own_rule():
     assert drafted([2, 4], [True, True]) == [2, 4]
     out = runner.propose([(a, 4)], lambda r, k, conf: False)
     assert len(out[a.id].tokens) == 1  # alone: its own rule
+
+
+def test_an_engine_takes_the_batch_profiles_another_engine_stored_meanwhile(zoo, tmp_path, monkeypatch):
+    """Engines of one machine on the same bundles (replicas, servers side by side) all start on the stand-in;
+    the first to measure stores the profiles and the others read them at their idle moment, without
+    measuring over their slots again (which would drop the prompts they cache for follow-ups)."""
+    import shutil
+
+    from specrt.engine import api
+    from specrt.tuning import measure
+
+    target = shutil.copytree(zoo.target(), tmp_path / "t", ignore=shutil.ignore_patterns("profiles"))
+    monkeypatch.setattr(api, "IDLE_S", 1e6)  # no idle moment yet
+    engine = specrt.load(target, max_batch=2, ngram=True)
+    engine.complete("def f(x):", GenerationOptions(max_new_tokens=4))
+    assert engine.scheduler.batch_cost.target.reps == 0
+    other = specrt.load(target, max_batch=2, ngram=True)
+    assert measure.save_batch_profile(other.target, measure.batch_profile_for(other.target)) is not None
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured what another engine had stored")
+
+    monkeypatch.setattr(api, "measure_batches", no_measuring)
+    monkeypatch.setattr(api, "IDLE_S", 0.0)
+    engine.complete("def g(x):", GenerationOptions(max_new_tokens=4))
+    deadline = time.monotonic() + 30
+    while engine.scheduler.batch_cost.target.reps == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.scheduler.batch_cost.target.reps == measure.BATCH_REPS and engine._batch_tries == 0
+    assert any(r.ids for r in engine.target.kv.rows)  # its cached prompts are still there
+    engine.reset()

@@ -298,36 +298,47 @@ class Engine:
         or other processes taking the CPUs (machineload.Watch: its timings would be wrong, and its load would
         disturb them: another engine's benchmark or service) gives the measurement up within one timed run.
         BATCH_TRIES attempts in all (each drops the prompts cached for follow-ups): after them the stand-in
-        and the rounds' corrections go on."""
+        and the rounds' corrections go on. Profiles another engine stored meanwhile are read, not measured."""
         if not self._batch_pending():
             return
         others = Watch()
         if self._wake.wait(IDLE_S) or self._yield():
             return  # work arrived (or a reset, or the exit) before the machine was ours
-        if others.busy():  # other processes used the machine through the idle second
-            self._batch_tries += 1
-            return
-        fresh = {}
-        try:
-            for session in self._batch_owed:
-                stop = lambda: self._yield() or others.busy()  # noqa: E731 - work, or others' load, arrived
-                found = measure_batches(session, session_batches(session), stop=stop)
-                if busy(found.others_share):
-                    return
-                fresh[id(session)] = found
-        except Interrupted:
-            return
-        finally:
-            self._batch_tries += len(fresh) < len(self._batch_owed)
-            for session in (self.target, self.draft):
-                for row in session.kv.rows if session is not None else []:
-                    row.reset()  # measured over, or no longer matching the other model's emptied slots
-        for session in self._batch_owed:
-            save_batch_profile(session, fresh[id(session)])
+        # Another engine of this machine (a replica, a second server) may have measured and stored them.
+        fresh = {id(s): p for s in self._batch_owed if (p := stored_batch_profile(s)) is not None}
+        todo = [s for s in self._batch_owed if id(s) not in fresh]
+        if todo:
+            measured = self._measured(todo, others)
+            if measured is None:
+                self._batch_tries += 1
+                return
+            fresh.update(measured)
         old = self.scheduler.batch_cost
         target, draft = (fresh.get(id(s), p) for s, p in ((self.target, old.target), (self.draft, old.draft)))
         self.scheduler.batch_cost = BatchCost(target, draft)
         self._batch_owed = []
+
+    def _measured(self, sessions: list[ModelSession], others: Watch) -> dict | None:
+        """The batch profiles of `sessions`, measured now and stored (None: given up, or measured under load)."""
+        if others.busy():  # other processes used the machine through the idle second
+            return None
+        stop = lambda: self._yield() or others.busy()  # noqa: E731 - work, or others' load, arrived
+        fresh = {}
+        try:
+            for session in sessions:
+                found = measure_batches(session, session_batches(session), stop=stop)
+                if busy(found.others_share):
+                    return None
+                fresh[id(session)] = found
+        except Interrupted:
+            return None
+        finally:
+            for session in (self.target, self.draft):
+                for row in session.kv.rows if session is not None else []:
+                    row.reset()  # measured over, or no longer matching the other model's emptied slots
+        for session in sessions:
+            save_batch_profile(session, fresh[id(session)])
+        return fresh
 
     def _yield(self) -> bool:
         """Whether the idle moment's measuring must stop: work arrived, or the engine resets or stops."""
