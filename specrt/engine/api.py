@@ -57,6 +57,7 @@ from .scheduler import Scheduler
 
 PathLike = str | os.PathLike
 IDLE_S = 1.0  # idle seconds before the engine measures its batch (a gap between a client's requests is shorter)
+REMEASURES = 2  # times a model's one-row profile is measured again when live timings prove it wrong
 BATCH_TRIES = 3  # idle-moment batch measurements given up (work arrived, or other processes' load) before none
 _ENGINES: weakref.WeakSet = weakref.WeakSet()  # every engine alive, for the stop at interpreter exit
 
@@ -122,7 +123,7 @@ class Engine:
         self.tuning = Tuning()
         self._remeasured: Counter[str] = Counter()  # profiles measured again, per model (StepCosts.wrong)
         self._batch_owed: list[ModelSession] = []  # sessions whose batch runs on an estimate (_batch_cost)
-        self._batch_tries = 0  # idle-moment batch measurements that ended busy
+        self._batch_tries = 0  # idle-moment batch measurements given up (work arrived, or others' load)
         self._interrupt = threading.Event()  # reset(): give up the idle moment's measurement
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -185,7 +186,7 @@ class Engine:
                         self._remeasure(wrong)
                     self._measure_batch()
                 except Exception:  # noqa: BLE001 - upkeep is optional: serve on what the engine has
-                    self._remeasured.update({TARGET: 2, DRAFT: 2})
+                    self._remeasured.update({TARGET: REMEASURES, DRAFT: REMEASURES})
                     self._batch_owed = []
                 continue
             try:
@@ -223,12 +224,13 @@ class Engine:
         k). One-row profiles missing for this machine are measured here, in the request's slot before its
         prefill (about a second); the batch's, which take minutes, in an idle moment (_measure_batch)."""
         drafts = self.draft is not None or self.ngram is not None
+        rows = None  # the one-row profiles, once read (or measured: twice would measure twice if not stored)
         if self.max_batch > 1 and self.scheduler.batch_cost is None and drafts:
-            self.scheduler.batch_cost = self._batch_cost(request)
+            self.scheduler.batch_cost, rows = self._batch_cost(request)
         if request.options.num_draft_tokens is not None or not request.drafters:
             return
         if self.tuning.steps is None:
-            self.tuning.steps = StepCosts(*self._step_profiles(request))
+            self.tuning.steps = StepCosts(*(rows or self._step_profiles(request)))
         request.costs = self.tuning.for_request([NGRAM if d is self.ngram else MODEL for d in request.drafters])
 
     def _step_profiles(self, request: Request) -> tuple:
@@ -242,7 +244,7 @@ class Engine:
 
     def _wrong_profiles(self) -> list[str]:
         steps = self.tuning.steps
-        return [m for m in steps.wrong() if self._remeasured[m] < 2] if steps is not None else []
+        return [m for m in steps.wrong() if self._remeasured[m] < REMEASURES] if steps is not None else []
 
     def _remeasure(self, models: list[str]) -> None:
         """Measure again the profiles that live timings proved wrong (StepCosts.wrong), in the idle moment
@@ -250,7 +252,7 @@ class Engine:
         in the slot holding the shortest cached prefix (about a second for a 1.5B int4 target on 2 cores; a
         request arriving meanwhile waits). Measured on a quiet machine, the new profile replaces the old in
         memory and in the bundle, and the step costs start learning afresh from it; measured while other
-        processes held the CPUs, it is dropped (the live corrections go on). At most twice per model."""
+        processes held the CPUs, it is dropped (the live corrections go on). At most REMEASURES per model."""
         steps, sessions = self.tuning.steps, {TARGET: self.target, DRAFT: self.draft}
         profiles = dict(steps.profiles)
         for model in models:
@@ -275,19 +277,20 @@ class Engine:
         if profiles != steps.profiles:
             self.tuning.steps = StepCosts(profiles[TARGET], profiles[DRAFT])
 
-    def _batch_cost(self, request: Request) -> BatchCost:
+    def _batch_cost(self, request: Request) -> tuple[BatchCost, tuple | None]:
         """The batch's t(B, S), built at the first admission, fixed k or auto (rows of auto k may join at any
         time, and a batch must not draft as if each row were alone): the stored profiles, else a stand-in
         priced from the one-row profiles (measure.batch_estimate) until the engine's first idle moment measures
         the batch (`_measure_batch`). Measuring at admission, over every slot, kept a server's first requests
-        waiting: 115-124 s for the int4 1.5B + 0.5B pair on 2 cores."""
+        waiting: 115-124 s for the int4 1.5B + 0.5B pair on 2 cores. Also returns the one-row profiles it read
+        (None: it needed none)."""
         sessions = [s for s in (self.target, self.draft) if s is not None]
         profiles = [stored_batch_profile(s) for s in sessions]
         self._batch_owed = [s for s, p in zip(sessions, profiles, strict=True) if p is None]
-        if self._batch_owed:
-            rows = self._step_profiles(request)
+        rows = self._step_profiles(request) if self._batch_owed else None
+        if rows is not None:
             profiles = [p or batch_estimate(s, row) for s, p, row in zip(sessions, profiles, rows, strict=False)]
-        return BatchCost(profiles[0], profiles[1] if self.draft is not None else None)
+        return BatchCost(profiles[0], profiles[1] if self.draft is not None else None), rows
 
     def _batch_pending(self) -> bool:
         return bool(self._batch_owed) and self._batch_tries < BATCH_TRIES and not self._interrupt.is_set()

@@ -328,13 +328,13 @@ def session_batches(session: ModelSession) -> list[int]:
     return sorted({b for b in BATCHES if b <= slots} | {slots})
 
 
-def batch_profile_for(session: ModelSession, stop: Callable[[], bool] | None = None) -> BatchProfiles:
+def batch_profile_for(session: ModelSession) -> BatchProfiles:
     """t(B, S) at the measured context lengths for this session's bundle on this machine: the stored one, or
     measured now over all of the session's slots (the caller makes sure none holds a running sequence) and
-    saved (when measured on a quiet machine). stop: as measure_batches'."""
+    saved (when measured on a quiet machine)."""
     found = stored_batch_profile(session)
     if found is None:
-        found = measure_batches(session, session_batches(session), stop=stop)
+        found = measure_batches(session, session_batches(session))
         save_batch_profile(session, found)
     return found
 
