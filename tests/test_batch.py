@@ -466,7 +466,7 @@ def test_the_batch_learns_its_rounds_without_the_drafts_catch_up(zoo, tmp_path, 
     engine.complete("def f(x):", GenerationOptions(max_new_tokens=4, num_draft_tokens=2))  # builds the batch cost
     cost = engine.scheduler.batch_cost
     learned, observe = [], cost.observe
-    cost.observe = lambda choice, drafted, *a: (learned.append(a[-1]), observe(choice, drafted, *a))
+    cost.observe = lambda choice, drafted, *a: (learned.append(a[2]), observe(choice, drafted, *a))  # a[2]: ms
     run, catch_ups = engine.draft.run_logits, []
 
     def slow_catch_up(slots, ids, keep, top=0):  # a catch-up run (more than the 1-2 tokens of a drafting step)
@@ -554,3 +554,81 @@ def test_an_engine_takes_the_batch_profiles_another_engine_stored_meanwhile(zoo,
     assert engine.scheduler.batch_cost.target.reps == measure.BATCH_REPS and engine._batch_tries == 0
     assert any(r.ids for r in engine.target.kv.rows)  # its cached prompts are still there
     engine.reset()
+
+
+def _compute_bound_profiles(per_position: float = 1.5):
+    """t(B, W) growing with rows x width, cheap draft steps (by default the profiles of the flapping test)."""
+    from specrt.tuning.profile import BatchProfile
+
+    widths, batches = list(range(1, 10)), [1, 2, 4, 8]
+    ms = [[10 + per_position * b * (w - 1) + 2 * b for w in widths] for b in batches]
+    target = BatchProfile(batches, widths, ms)
+    draft = BatchProfile(batches, widths, [[1.0 + 0.2 * b for _ in widths] for b in batches])
+    return target, draft
+
+
+def test_a_batch_probes_the_rows_its_ceiling_keeps_from_drafting():
+    """Rows whose estimates say drafting does not pay the batch would never draft, so never correct the
+    estimate. On a row's own probing rule, after 8 rounds that kept them from drafting one round lets them
+    draft the fewest tokens that would pay at the acceptance a probe hopes for; a probe with a rejection
+    doubles the wait, one fully accepted keeps it short. No probe where it could not pay even then (eight
+    rows of dear passes), nor where the catch-ups it makes rows pay exceed the probe's budget of the plain
+    decoding left; fixed-k rows keep their k."""
+    from specrt.tuning.batchcost import BatchCost
+
+    target, draft = _compute_bound_profiles()
+    poor = lambda k: sum(0.1**i for i in range(k + 1))  # noqa: E731 - an estimate where drafting does not pay
+
+    def rounds(cost: BatchCost, rows: int, n: int, accepted=lambda r, k: k, **kw) -> list[list[int]]:
+        """n rounds of rows wanting 3 drafts at the poor estimate: the k each round ran."""
+        ran = []
+        for _ in range(n):
+            choice = cost.choose([3] * rows, [poor] * rows, [False] * rows, [True] * rows, **kw)
+            ran.append(choice.ks)
+            cost.observe(choice, choice.ks, accepted=[accepted(r, k) for r, k in enumerate(choice.ks)])
+        return ran
+
+    ran = rounds(BatchCost(target, draft), 2, 40)
+    probes = [i for i, ks in enumerate(ran) if any(ks)]
+    assert probes == [7, 15, 23, 31, 39] and ran[7] == [1, 1], ran  # every 8th round, one token each
+    missed = rounds(BatchCost(target, draft), 2, 60, accepted=lambda r, k: 0)  # every probe rejected
+    assert [i for i, ks in enumerate(missed) if any(ks)] == [7, 23, 55], missed  # 8, 16, 32 rounds apart
+    dear = _compute_bound_profiles(per_position=4.0)  # each position of each row costs more
+    assert any(map(any, rounds(BatchCost(*dear), 2, 8)))  # two rows there: a probe could pay
+    assert not any(map(any, rounds(BatchCost(*dear), 8, 100)))  # eight: it could not even at 95%
+    behind = {"catch_up": [30.0, 30.0]}  # each row's draft has output tokens to catch up on
+    assert not any(map(any, rounds(BatchCost(target, draft), 2, 20, left=40, **behind)))  # over 2% of 40 rounds
+    assert any(map(any, rounds(BatchCost(target, draft), 2, 20, left=1000, **behind)))  # within 2% of 1000
+    cost = BatchCost(target, draft, starved_rounds=7)
+    fixed = cost.choose([3, 0], [poor] * 2, [False, True], [True] * 2)  # row 1: a fixed k = 0
+    assert fixed.ks == [1, 0] and fixed.probed == (0,)
+
+
+def test_a_batch_whose_rows_start_pessimistic_finds_out_that_drafting_pays(zoo):
+    """Two rows of a prompt the draft knows by heart (the target drafting for itself: every draft accepted)
+    start from the previous request's poor acceptance, so neither drafts as if alone; their probes must reach
+    the batch, or the rows never learn that drafting pays (k = 0 in every row-round without it). The batch's
+    step costs are fixed profiles under which drafting pays at good acceptance and not at poor (the toy
+    models' real timings would decide otherwise, by a hair: the test is about evidence, not speed)."""
+    from test_greedy_equality import drafting_pays
+
+    from specrt.tuning.acceptance import AcceptanceEstimate
+    from specrt.tuning.batchcost import BatchCost
+    from specrt.tuning.costmodel import MODEL
+
+    engine = drafting_pays(specrt.load(zoo.target(), zoo.target(), max_batch=2))
+    engine.tuning.priors[MODEL] = AcceptanceEstimate(prior=0.1)  # the last request's: drafting does not pay
+    cost = engine.scheduler.batch_cost = BatchCost(*_compute_bound_profiles())
+    observe = cost.observe
+    cost.observe = lambda choice, drafted, drafting, context, ms, accepted: observe(
+        choice, drafted, drafting, context, accepted=accepted
+    )  # its decisions, not the toy models' timings
+    jobs = [(p, GenerationOptions(max_new_tokens=48, ignore_eos=True)) for p in prompts(2)]
+    out = run_concurrently(engine, jobs, fill=True)
+    for g in out:
+        assert g.stats.drafted > 0 and g.stats.accepted == g.stats.drafted, g.stats  # drafted; the self-draft agrees
+        plain = g.stats.k_histogram[0]
+        # 7 rounds before the row's own probe (its estimate: not even alone), 8 more while the ceiling keeps it
+        # from the k its probe taught it to want, the batch's probe, then drafting to the end
+        assert plain <= 16, g.stats.k_histogram
+    assert engine.stats["batch_sizes"].get(2, 0) >= 5, engine.stats  # the rounds ran as a batch of two

@@ -290,7 +290,8 @@ class Engine:
         rows = self._step_profiles(request) if self._batch_owed else None
         if rows is not None:
             profiles = [p or batch_estimate(s, row) for s, p, row in zip(sessions, profiles, rows, strict=False)]
-        return BatchCost(profiles[0], profiles[1] if self.draft is not None else None), rows
+        draft = profiles[1] if self.draft is not None else None
+        return BatchCost(profiles[0], draft, policy=self.tuning.policy), rows
 
     def _batch_pending(self) -> bool:
         return bool(self._batch_owed) and self._batch_tries < BATCH_TRIES and not self._interrupt.is_set()
@@ -318,7 +319,7 @@ class Engine:
             fresh.update(measured)
         old = self.scheduler.batch_cost
         target, draft = (fresh.get(id(s), p) for s, p in ((self.target, old.target), (self.draft, old.draft)))
-        self.scheduler.batch_cost = BatchCost(target, draft)
+        self.scheduler.batch_cost = BatchCost(target, draft, policy=old.policy)
         self._batch_owed = []
 
     def _measured(self, sessions: list[ModelSession], others: Watch) -> dict | None:

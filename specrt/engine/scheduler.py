@@ -183,7 +183,7 @@ class Scheduler:
         if batch is not None:  # the round's own steps: a draft slot's catch-up after plain rounds is not k's cost
             drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == MODEL for p in plans]
             round_ms = draft_ms - self.runner.catch_up_ms + target_ms
-            self.batch_cost.observe(batch, drafted, model, context, round_ms)
+            self.batch_cost.observe(batch, drafted, model, context, round_ms, [n for n, _ in decided])
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, (n, nxt) in zip(rows, plans, decided, strict=True):
@@ -202,6 +202,8 @@ class Scheduler:
             [p.drafter == MODEL for p in plans],
             context,
             [_catch_up_ms(r, p) for r, p in zip(rows, plans, strict=True)],
+            max(r.remaining for r in rows),
+            [p.drafter in p.choices and p.choices[p.drafter].why == "probe" for p in plans],
         )
 
     # ------------------------------------------------------------------ settling one row's round
