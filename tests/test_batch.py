@@ -569,11 +569,12 @@ def _compute_bound_profiles(per_position: float = 1.5):
 
 def test_a_batch_probes_the_rows_its_ceiling_keeps_from_drafting():
     """Rows whose estimates say drafting does not pay the batch would never draft, so never correct the
-    estimate. On a row's own probing rule, after 8 rounds that kept them from drafting one round lets them
-    draft the fewest tokens that would pay at the acceptance a probe hopes for; a probe with a rejection
-    doubles the wait, one fully accepted keeps it short. No probe where it could not pay even then (eight
-    rows of dear passes), nor where the catch-ups it makes rows pay exceed the probe's budget of the plain
-    decoding left; fixed-k rows keep their k."""
+    estimate. The first round that keeps them from drafting lets them (and the rows that chose not to draft)
+    draft the fewest tokens that would pay at the acceptance a probe hopes for, and the next rounds too while
+    probes come back fully accepted; a
+    rejection makes the next probe wait 8 rounds, 16, 32... No probe where it could not pay even at 95%
+    (eight rows of dear passes), nor where the catch-ups it makes rows pay exceed the probe's budget of the
+    plain decoding left; fixed-k rows keep their k."""
     from specrt.tuning.batchcost import BatchCost
 
     target, draft = _compute_bound_profiles()
@@ -588,20 +589,24 @@ def test_a_batch_probes_the_rows_its_ceiling_keeps_from_drafting():
             cost.observe(choice, choice.ks, accepted=[accepted(r, k) for r, k in enumerate(choice.ks)])
         return ran
 
-    ran = rounds(BatchCost(target, draft), 2, 40)
-    probes = [i for i, ks in enumerate(ran) if any(ks)]
-    assert probes == [7, 15, 23, 31, 39] and ran[7] == [1, 1], ran  # every 8th round, one token each
+    assert rounds(BatchCost(target, draft), 2, 5) == [[1, 1]] * 5  # probes accepted: on probing, one token each
     missed = rounds(BatchCost(target, draft), 2, 60, accepted=lambda r, k: 0)  # every probe rejected
-    assert [i for i, ks in enumerate(missed) if any(ks)] == [7, 23, 55], missed  # 8, 16, 32 rounds apart
+    assert [i for i, ks in enumerate(missed) if any(ks)] == [0, 8, 24, 56], missed  # 8, 16, 32 rounds apart
+    one_off = rounds(BatchCost(target, draft), 2, 12, accepted=lambda r, k: k if r else 0)  # row 0 rejects
+    assert [i for i, ks in enumerate(one_off) if any(ks)] == [0, 8], one_off  # a probe is full only if all are
     dear = _compute_bound_profiles(per_position=4.0)  # each position of each row costs more
-    assert any(map(any, rounds(BatchCost(*dear), 2, 8)))  # two rows there: a probe could pay
+    assert rounds(BatchCost(*dear), 2, 1) == [[1, 1]]  # two rows there: a probe could pay
     assert not any(map(any, rounds(BatchCost(*dear), 8, 100)))  # eight: it could not even at 95%
     behind = {"catch_up": [30.0, 30.0]}  # each row's draft has output tokens to catch up on
     assert not any(map(any, rounds(BatchCost(target, draft), 2, 20, left=40, **behind)))  # over 2% of 40 rounds
     assert any(map(any, rounds(BatchCost(target, draft), 2, 20, left=1000, **behind)))  # within 2% of 1000
-    cost = BatchCost(target, draft, starved_rounds=7)
-    fixed = cost.choose([3, 0], [poor] * 2, [False, True], [True] * 2)  # row 1: a fixed k = 0
+    fixed = BatchCost(target, draft).choose([3, 0], [poor] * 2, [False, True], [True] * 2)  # row 1: fixed k = 0
     assert fixed.ks == [1, 0] and fixed.probed == (0,)
+    # A row that chose not to draft at all joins the probe (the pass is widened for it anyway); with no row
+    # wanting to draft, nothing is held back and nothing probes.
+    joined = BatchCost(target, draft).choose([3, 0], [poor] * 2, [False] * 2, [True] * 2, room=[3, 2])
+    assert joined.ks == [1, 1] and joined.probed == (0, 1)
+    assert BatchCost(target, draft).choose([0, 0], [poor] * 2, [False] * 2, [True] * 2, room=[3, 3]).ks == [0, 0]
 
 
 def test_a_batch_whose_rows_start_pessimistic_finds_out_that_drafting_pays(zoo):

@@ -36,9 +36,17 @@ class Plan:
     choices: dict[str, Choice] = field(default_factory=dict)  # each auto-k drafter's answer (for learning)
     proposal: Proposal = field(default_factory=Proposal)
     missed: int = 0  # output tokens the row's draft sat out (fed before its first draft step)
+    spare: str | None = None  # a row that chose not to draft: the drafter a batch's probe would draft with
+    room: int = 0  # ... and how many tokens it could draft
+
+    @property
+    def drafts_with(self) -> str | None:
+        """The drafter of the row's drafts, chosen or, for a batch's probe, spare."""
+        return self.drafter or self.spare
 
     def capped(self, k: int) -> Plan:
-        return Plan(self.drafter if k else None, k, self.lookup[:k], self.choices, missed=self.missed)
+        """The plan with k drafts (fewer than chosen: the batch's ceiling; more: the batch's probe)."""
+        return Plan(self.drafts_with if k else None, k, self.lookup[:k], self.choices, missed=self.missed)
 
 
 @dataclass
@@ -197,13 +205,13 @@ class Scheduler:
             return None
         return self.batch_cost.choose(
             [p.k for p in plans],
-            [self._expected(r, p.drafter) for r, p in zip(rows, plans, strict=True)],
+            [self._expected(r, p.drafts_with) for r, p in zip(rows, plans, strict=True)],
             [r.options.num_draft_tokens is not None for r in rows],
-            [p.drafter == MODEL for p in plans],
+            [p.drafts_with == MODEL for p in plans],
             context,
             [_catch_up_ms(r, p) for r, p in zip(rows, plans, strict=True)],
             max(r.remaining for r in rows),
-            [p.drafter in p.choices and p.choices[p.drafter].why == "probe" for p in plans],
+            [p.room for p in plans],
         )
 
     # ------------------------------------------------------------------ settling one row's round
@@ -269,6 +277,7 @@ class Scheduler:
         k_cap = min(k_cap, self.runner.target.max_len - length - 1)
         choices: dict[str, Choice] = {}
         best = None  # (tokens/ms, drafter name, k, lookup proposal)
+        spare = None  # (drafter name, cap, lookup proposal): what a batch's probe would draft with
         missed = self._missed(r) if self.runner.draft is not None else 0
         for drafter in r.drafters:
             found = None
@@ -285,10 +294,14 @@ class Scheduler:
                 best = (0.0, name, cap, found)
                 break
             choice = choices[name] = cost.choose(cap, length, alone, missed if name == MODEL else 0, r.remaining)
+            spare = spare or (name, cap, found)
             if choice.k and (best is None or choice.rate > best[0]):
                 best = (choice.rate, name, choice.k, found)
         if best is None:
-            return Plan(None, 0, choices=choices, missed=missed)
+            if spare is None:
+                return Plan(None, 0, choices=choices, missed=missed)
+            name, cap, found = spare
+            return Plan(None, 0, found or [], choices, missed=missed, spare=name, room=cap)
         _, name, k, found = best
         return Plan(name, k, found[:k] if found is not None else [], choices, missed=missed)
 
@@ -326,8 +339,8 @@ class Scheduler:
 
 def _catch_up_ms(r: Request, plan: Plan) -> float:
     """What row r's draft must spend on the output tokens it sat out before it can draft (0: fixed k)."""
-    cost = _cost(r, plan.drafter)
-    return cost.catch_up_ms(plan.missed, len(r.tokens)) if cost is not None and plan.drafter == MODEL else 0.0
+    cost = _cost(r, plan.drafts_with)
+    return cost.catch_up_ms(plan.missed, len(r.tokens)) if cost is not None and plan.drafts_with == MODEL else 0.0
 
 
 def _cost(r: Request, drafter: str | None):

@@ -27,16 +27,19 @@ rounds at 0.74x of plain batching; results/trust/missed). A prompt's catch-up is
 starts with one: charged, the batch never began to draft).
 
 A row the ceiling keeps from drafting at all teaches nothing about its acceptance, so an estimate that is
-too low for the batch (a prior from a request of another kind, one unlucky round) would never be
-corrected: int4 pair, 2 rows of code prompts after prose ones, k = 0 in 251 of 252 row-rounds where k = 3
-ran 1.37x faster than plain batching (results/trust/batch-idle-measure). So the batch probes, on the rule
-a row alone probes by (costmodel.py, `Policy`): after `probe_after` rounds that kept rows wanting to draft
-from drafting (backing off to `max_backoff` while probes come back with rejections), and whenever a row's
-own choice is a probe (its estimate says drafting does not pay even alone: it wants to draft only then),
-one round lets those rows draft the fewest tokens under which the round would pay if their drafts were
-accepted as a probe hopes (`probe_acceptance`), and only where the catch-ups it makes them pay stay within
-`probe_budget` of the batch's plain decoding time left. Where drafting could not pay even then (many rows
-of compute-bound passes) no probe runs.
+too low for the batch (a prior from a request of another kind, one unlucky round) would never be corrected:
+int4 pair, 2 rows of code prompts after prose ones, k = 0 in 251 of 252 row-rounds where k = 3 ran 1.37x
+faster than plain batching (results/trust/batch-idle-measure). So the batch probes: in a round that keeps
+rows wanting to draft (on their estimates, or for their own probe: costmodel.py) from drafting, when its
+probe is due, those rows and every other auto row that chose not to draft (the pass is widened for all of
+them anyway, and their estimates may be as wrong) draft the fewest tokens under which the round would pay if
+their drafts were accepted as a probe hopes (`probe_acceptance`), and only where the catch-ups it makes them
+pay stay within `probe_budget` of the batch's plain decoding time left; where drafting could not pay even
+then (many rows of compute-bound passes) no probe runs. A probe gets dearer with every plain round (each
+adds a token to every row's catch-up, about 5 ms per row for the int4 0.5B draft), so the batch's schedule
+is not a row's: the first probe comes at the first such round, the next at once while probes come back fully
+accepted (a run of them teaches an estimate what one cannot, and costs no catch-up), `probe_after` rounds
+after a rejection, doubling to `max_backoff` while they fail.
 
 The profile is corrected from the rounds the batch runs: per pass width W, the measured time of its rounds
 against the profile's prediction, smoothed (`ratios`; a width not yet run reads the line through those run). One
@@ -83,10 +86,9 @@ class BatchCost:
     timed: dict[int, int] = field(default_factory=dict)  # pass width -> the round it was last timed in
     history: list[int] = field(default_factory=list)  # K per batched round (for the no-flapping check)
     starved_rounds: int = 0  # rounds since the last probe that kept rows wanting to draft from drafting
-    backoff: int | None = None  # such rounds before the next probe (policy.probe_after, doubling on a miss)
+    wait: int = 1  # such rounds before the next probe (see the module docstring)
 
     def __post_init__(self) -> None:
-        self.backoff = self.policy.probe_after if self.backoff is None else self.backoff
         if isinstance(self.target, BatchProfile):
             self.target = BatchProfiles([self.target])
         if isinstance(self.draft, BatchProfile):
@@ -125,14 +127,13 @@ class BatchCost:
         context: int | None = None,
         catch_up: Sequence[float] | None = None,
         left: int | None = None,
-        probing: Sequence[bool] | None = None,
+        room: Sequence[int] | None = None,
     ) -> BatchChoice:
         """Per-row k for the round: each auto row's own choice, capped at the ceiling K that maximises the
         batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass).
         catch_up[r]: milliseconds row r's draft needs for output tokens it sat out before it can draft;
         left: rounds the batch may still run (its longest row's tokens left; None: unknown, a probe's
-        catch-ups are not weighed); probing[r]: row r's own choice is a probe (costmodel.py), which goes
-        through the ceiling on the same terms as the batch's own probes.
+        catch-ups are not weighed); room[r]: the drafts row r could make in a probe where it chose none.
         A query: the ceiling in force changes only when the round is observed."""
 
         if all(fixed):  # nothing to cap: the one candidate, without pricing it (this runs every round)
@@ -162,16 +163,18 @@ class BatchCost:
             best = current  # not enough better to move
         chosen = ks_at[best]
         starved = [r for r, (w, k, f) in enumerate(zip(wanted, chosen, fixed, strict=True)) if w and not k and not f]
-        due = self.backoff is not None and self.starved_rounds + 1 >= self.backoff
-        probes = starved if due else [r for r in starved if probing is not None and probing[r]]
-        if probes:
-            # The probe: the fewest drafts (a ceiling K over the probing rows) under which the round would
-            # beat this one if their drafts were accepted as hoped, its catch-ups aside; then those within
-            # the probe's budget of the plain decoding left.
-            hoped = [self._hoped if r in probes else e for r, e in enumerate(expected)]
+        if starved and self.policy.probe_after is not None and self.starved_rounds + 1 >= self.wait:
+            # The probe: every auto row held at 0 drafts (the pass is widened for all anyway, and an estimate
+            # that kept a row from drafting even alone may be as wrong as the others'): the fewest drafts (a
+            # ceiling over those rows) under which the round would beat this one if they were accepted as
+            # hoped, its catch-ups aside; then only within the probe's budget of the plain decoding left.
+            spare = room or [0] * len(wanted)
+            can = [w or s if not f and not k else 0 for w, s, f, k in zip(wanted, spare, fixed, chosen, strict=True)]
+            probes = [r for r, c in enumerate(can) if c]
+            hoped = [self._hoped if c else e for c, e in zip(can, expected, strict=True)]
             bar = rate(chosen, hoped, switching=False)
-            for k in range(1, max(wanted[r] for r in probes) + 1):
-                ks = [min(w, k) if r in probes else c for r, (w, c) in enumerate(zip(wanted, chosen, strict=True))]
+            for k in range(1, max(can) + 1):
+                ks = [min(c, k) if c else x for c, x in zip(can, chosen, strict=True)]
                 if rate(ks, hoped, switching=False) > bar:
                     plain_left = (left or 0) * self.round_ms(chosen, drafting, context)
                     if left is None or switching_ms(ks) <= self.policy.probe_budget * plain_left:
@@ -233,16 +236,15 @@ class BatchCost:
             self.ratios[width] = self.decay * current + (1 - self.decay) * bounded
 
     def _schedule_probes(self, choice: BatchChoice, drafted: Sequence[int], accepted: Sequence[int]) -> None:
-        """The probing schedule, as a row's alone (CostModel.observe): starved rounds count towards the next
-        probe; a probe's outcome sets the wait; rows drafting without a probe mean drafting pays on its own
-        evidence, so the next dry spell is probed soon."""
-        if self.backoff is None:
-            return
+        """The probing schedule (module docstring): starved rounds count towards the next probe; a probe's
+        outcome sets the wait; rows drafting without a probe mean drafting pays on its own evidence, and the
+        next dry spell starts with its drafts caught up, so it is probed at once."""
+        after, most = self.policy.probe_after, self.policy.max_backoff
         if choice.probed:
             self.starved_rounds = 0
             full = bool(accepted) and all(accepted[r] == drafted[r] for r in choice.probed)
-            self.backoff = self.policy.probe_after if full else min(2 * self.backoff, self.policy.max_backoff)
+            self.wait = 1 if full or after is None else min(max(2 * self.wait, after), most)
         elif choice.starved:
             self.starved_rounds += 1
         elif any(drafted):
-            self.starved_rounds, self.backoff = 0, self.policy.probe_after
+            self.starved_rounds, self.wait = 0, 1
