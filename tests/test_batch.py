@@ -247,7 +247,8 @@ def test_k_for_the_batch_does_not_flap():
     assert switches(run(0.05)) <= 2  # ... the ceiling with a margin does not
     # And it moves when the evidence is clear: speculation off for a full batch of poor acceptance, on for
     # one row of excellent acceptance.
-    poor = BatchCost(target, draft).choose([4] * 8, [lambda k: 1 + 0.3 * k] * 8, [False] * 8, [True] * 8)
+    settled = {"wait": 8}  # no probe due (test_a_batch_probes_the_rows_its_ceiling_keeps_from_drafting)
+    poor = BatchCost(target, draft, **settled).choose([4] * 8, [lambda k: 1 + 0.3 * k] * 8, [False] * 8, [True] * 8)
     assert poor.ks == [0] * 8
     assert BatchCost(target, draft).choose([4], [lambda k: 1 + 0.95 * k], [False], [True]).ks == [4]
 

@@ -132,6 +132,8 @@ class Scheduler:
                 t0 = time.perf_counter()
                 self._guarded([r], lambda r=r: self.prepare(r))
                 r.stats.setup_s = time.perf_counter() - t0
+            if self.batch_cost is not None:
+                self.batch_cost.joined()
             self.stats.queue_wait_s.append(r.started - r.submitted)
             del self.stats.queue_wait_s[:-1000]
             self.stats.prompt_tokens += len(r.prompt)

@@ -32,14 +32,16 @@ int4 pair, 2 rows of code prompts after prose ones, k = 0 in 251 of 252 row-roun
 faster than plain batching (results/trust/batch-idle-measure). So the batch probes: in a round that keeps
 rows wanting to draft (on their estimates, or for their own probe: costmodel.py) from drafting, when its
 probe is due, those rows and every other auto row that chose not to draft (the pass is widened for all of
-them anyway, and their estimates may be as wrong) draft the fewest tokens under which the round would pay if
-their drafts were accepted as a probe hopes (`probe_acceptance`), and only where the catch-ups it makes them
-pay stay within `probe_budget` of the batch's plain decoding time left; where drafting could not pay even
-then (many rows of compute-bound passes) no probe runs. A probe gets dearer with every plain round (each
-adds a token to every row's catch-up, about 5 ms per row for the int4 0.5B draft), so the batch's schedule
-is not a row's: the first probe comes at the first such round, the next at once while probes come back fully
-accepted (a run of them teaches an estimate what one cannot, and costs no catch-up), `probe_after` rounds
-after a rejection, doubling to `max_backoff` while they fail.
+them anyway, and their estimates may be as wrong) draft the fewest tokens under which the round would beat
+the plain one by the margin a ceiling needs to move if their drafts were accepted as a probe hopes
+(`probe_acceptance`: where even that would not move the ceiling, a probe teaches the choice nothing), and
+only where the catch-ups it makes them pay stay within `probe_budget` of the batch's plain decoding time
+left; where drafting could not pay even then (many rows of compute-bound passes) no probe runs. A probe gets
+dearer with every plain round (each adds a token to every row's catch-up, about 5 ms per row for the int4
+0.5B draft), so the batch's schedule is not a row's: the first probe comes at the first such round after a
+row joins the batch, the next at once while probes come back fully accepted (a run of them teaches an
+estimate what one cannot, and costs no catch-up), `probe_after` rounds after a rejection, doubling to
+`max_backoff` while they fail.
 
 The profile is corrected from the rounds the batch runs: per pass width W, the measured time of its rounds
 against the profile's prediction, smoothed (`ratios`; a width not yet run reads the line through those run). One
@@ -132,8 +134,8 @@ class BatchCost:
         """Per-row k for the round: each auto row's own choice, capped at the ceiling K that maximises the
         batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass).
         catch_up[r]: milliseconds row r's draft needs for output tokens it sat out before it can draft;
-        left: rounds the batch may still run (its longest row's tokens left; None: unknown, a probe's
-        catch-ups are not weighed); room[r]: the drafts row r could make in a probe where it chose none.
+        left: rounds the batch may still run (its longest row's tokens left; None: unknown, a probe may make
+        no row catch up); room[r]: the drafts row r could make in a probe where it chose none.
         A query: the ceiling in force changes only when the round is observed."""
 
         if all(fixed):  # nothing to cap: the one candidate, without pricing it (this runs every round)
@@ -166,8 +168,10 @@ class BatchCost:
         if starved and self.policy.probe_after is not None and self.starved_rounds + 1 >= self.wait:
             # The probe: every auto row held at 0 drafts (the pass is widened for all anyway, and an estimate
             # that kept a row from drafting even alone may be as wrong as the others'): the fewest drafts (a
-            # ceiling over those rows) under which the round would beat this one if they were accepted as
-            # hoped, its catch-ups aside; then only within the probe's budget of the plain decoding left.
+            # ceiling over those rows) under which the round would beat this one by the margin a ceiling
+            # needs to move if they were accepted as hoped, its catch-ups aside (where the best outcome
+            # would not move the ceiling, a probe teaches nothing the choice needs); then only within the
+            # probe's budget of the plain decoding left.
             spare = room or [0] * len(wanted)
             can = [w or s if not f and not k else 0 for w, s, f, k in zip(wanted, spare, fixed, chosen, strict=True)]
             probes = [r for r, c in enumerate(can) if c]
@@ -175,9 +179,9 @@ class BatchCost:
             bar = rate(chosen, hoped, switching=False)
             for k in range(1, max(can) + 1):
                 ks = [min(c, k) if c else x for c, x in zip(can, chosen, strict=True)]
-                if rate(ks, hoped, switching=False) > bar:
+                if rate(ks, hoped, switching=False) > bar * (1 + self.margin):  # it could move the ceiling
                     plain_left = (left or 0) * self.round_ms(chosen, drafting, context)
-                    if left is None or switching_ms(ks) <= self.policy.probe_budget * plain_left:
+                    if switching_ms(ks) <= self.policy.probe_budget * plain_left:
                         return BatchChoice(best, ks, probed=tuple(probes), starved=True)
                     break  # wider probes pay the same catch-ups
         if self.timed and self.rounds % self.explore_every == self.explore_every - 1:
@@ -234,6 +238,11 @@ class BatchCost:
         else:
             bounded = min(max(measured_ms / profiled, 0.5 * current), 2.0 * current)
             self.ratios[width] = self.decay * current + (1 - self.decay) * bounded
+
+    def joined(self) -> None:
+        """A row joined the batch: its draft has nothing to catch up on yet and its acceptance is a prior,
+        so the next round that keeps rows from drafting probes."""
+        self.wait, self.starved_rounds = 1, 0
 
     def _schedule_probes(self, choice: BatchChoice, drafted: Sequence[int], accepted: Sequence[int]) -> None:
         """The probing schedule (module docstring): starved rounds count towards the next probe; a probe's
