@@ -53,5 +53,8 @@ for p, pair in enumerate(pairs):
     mean = {n: sum(v) / len(v) for n, v in got.items()}
     best = max(mean[n] for n in ("plain", "k=3", "k=5"))
     print(f"pair {p + 1} means: " + ", ".join(f"{n} {m:.1f}" for n, m in mean.items()), flush=True)
-    print(f"pair {p + 1}: auto / best fixed {mean['auto'] / best:.3f}, without batch probes "
-          f"{mean['auto, no batch probes'] / best:.3f}", flush=True)
+    print(
+        f"pair {p + 1}: auto / best fixed {mean['auto'] / best:.3f}, without batch probes "
+        f"{mean['auto, no batch probes'] / best:.3f}",
+        flush=True,
+    )
