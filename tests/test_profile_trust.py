@@ -15,7 +15,7 @@ import pytest
 import specrt
 from specrt.runtime.session import ModelSession, SessionOptions
 from specrt.tuning import machineload
-from specrt.tuning.batchcost import BatchChoice, BatchCost
+from specrt.tuning.batchcost import BatchCost
 from specrt.tuning.measure import load_profile, measure, profile_path, save_profile, watched
 from specrt.tuning.profile import BatchProfile, CostProfile
 from specrt.tuning.stepcost import DRAFT, SETTLED, TARGET, WRONG, StepCosts
@@ -190,22 +190,6 @@ def test_a_batch_learns_that_wide_rounds_cost_more_than_profiled():
     assert learned[0] == 3 and learned[-1] == 0, learned  # at acceptance 0.6 plain batching wins
     assert sorted(cost.timed) == [1, 2, 3, 4]  # every width timed, by a few exploring rounds
     assert sum(1 for a, b in zip(learned, learned[1:], strict=False) if a != b) <= 8, learned  # no flapping
-
-
-def test_a_width_timed_in_a_slow_minute_is_not_priced_at_that_minutes_speed():
-    """The machine slows 2x for a while (another job, the VM) and a round at width 2 is timed then; the
-    machine recovers and the batch runs plain. Width 2's cost is learned against the speed of its own
-    minute, so drafting (20% better at the true costs) is chosen once the machine is quick again. Learned
-    per width as live / profiled, the slow minute stayed in width 2's ratio and drafting looked dear."""
-    cost = BatchCost(batch_profile({1: 40.0, 2: 60.0}), None, explore_every=1 << 30, wait=1 << 30)
-    expected = [lambda k: 1 + 0.8 * k] * 4
-    plain, wide = BatchChoice(0, [0] * 4), BatchChoice(1, [1] * 4, explore=True)
-    for speed, choice, n in ((1.0, plain, 10), (2.0, plain, 10), (2.0, wide, 1), (1.0, plain, 10)):
-        for _ in range(n):
-            cost.observe(choice, choice.ks, [False] * 4, None, speed * (40.0 if choice is plain else 60.0))
-    assert cost.ceiling == 0 and cost.ratio(1) == pytest.approx(1.0, abs=0.01)  # quick again
-    assert cost.ratio(2) == pytest.approx(1.0, abs=0.1)  # not the slow minute's 2
-    assert cost.choose([1] * 4, expected, [False] * 4, [False] * 4).ceiling == 1
 
 
 def test_a_batch_where_plain_wins_explores_only_next_to_it():

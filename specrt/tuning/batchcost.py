@@ -43,18 +43,13 @@ row joins the batch, the next at once while probes come back fully accepted (a r
 estimate what one cannot, and costs no catch-up), `probe_after` rounds after a rejection, doubling to
 `max_backoff` while they fail.
 
-The profile is corrected from the rounds the batch runs, in two factors: the machine's speed now (`drift`:
-every round's measured time against the profile's prediction for it, quickly smoothed) and per pass width W
-how much its rounds cost against that (`ratios`, the shape; slowly smoothed; a width not yet run reads the
-line through those run). The speed alone would change nothing (a common factor cancels in the argmax); the
-shape is what the choice needs, how much a wider round really costs against a narrower one on this machine.
-Measured apart, per width as live / profiled, each width's ratio held the machine's speed of the moment it
-was last timed: on this VM, whose speed drifts up to 2x within minutes, plain rounds timed in a slow minute
-made drafting look free and widths timed in one made it look dear (int4 pair, 2 rows: a ratio of 2.42 at
-width 1 against 1.33 at width 2, and auto from 0.87x to 1.06x of the best fixed k from one run to the next).
-A width the batch does not run is not learned, so every `explore_every` rounds one round runs at a neighbour
-of the best ceiling (K - 1 or K + 1) whose width has not been timed in the last `stale_after` rounds: a
-neighbour timed better becomes the best, and so on.
+The profile is corrected from the rounds the batch runs: per pass width W, the measured time of its rounds
+against the profile's prediction, smoothed (`ratios`; a width not yet run reads the line through those run). One
+ratio for all widths would only follow the machine's drift and leave the choice where it was (a common
+factor cancels in the argmax); per width it learns what the choice needs, how much a wider round really
+costs against a narrower one on this machine now. A width the batch does not run is not learned, so every
+`explore_every` rounds one round runs at a neighbour of the best ceiling (K - 1 or K + 1) whose width has not
+been timed in the last `stale_after` rounds: a neighbour timed better becomes the best, and so on.
 """
 
 from __future__ import annotations
@@ -86,10 +81,8 @@ class BatchCost:
     # times; 5% held an int4 pair's 2 rows at K = 1 where K = 3 promised 4.5% more (and ran 5-10% faster).
     margin: float = 0.03
     weigh_missed: bool = True  # charge a row's catch-up on output tokens its draft sat out (see above)
-    decay: float = 0.95  # the shape's memory per round of its width: the speed moves, the shape hardly
-    drift_decay: float = 0.5  # the speed's memory per round: the VM's speed moves within minutes
-    drift: float | None = None  # the speed now: live / profiled round time over its width's shape (None: no round)
-    ratios: dict[int, float] = field(default_factory=dict)  # pass width -> its rounds' cost against `drift`
+    decay: float = 0.8
+    ratios: dict[int, float] = field(default_factory=dict)  # pass width -> live / profiled round time, smoothed
     policy: Policy = Policy()  # the probing rule (probe_after, max_backoff, probe_acceptance, probe_budget)
     explore_every: int = 16
     stale_after: int = 256
@@ -118,12 +111,8 @@ class BatchCost:
         return ms * self.ratio(max(ks) + 1)
 
     def ratio(self, width: int) -> float:
-        """Live / profiled time of rounds whose pass is `width` wide, now: the speed times the width's shape."""
-        return (self.drift or 1.0) * self.shape(width)
-
-    def shape(self, width: int) -> float:
-        """The cost of rounds `width` wide against the speed: learned; else, from two learned widths or more,
-        the straight line through them (a profile that misjudges the cost of width misjudges it in
+        """Live / profiled time of rounds whose pass is `width` wide: learned; else, from two learned widths
+        or more, the straight line through them (a profile that misjudges the cost of width misjudges it in
         proportion, more or less), kept within half the smallest and twice the largest learned ratio; from
         one, that one; from none, 1."""
         learned = self.ratios
@@ -229,9 +218,9 @@ class BatchCost:
         """A batched round ran under `choice`, drafted `drafted[r]` tokens per row (early stops may draft
         fewer than chosen) and had `accepted[r]` of them accepted, in `measured_ms`: its ceiling is now the
         one in force; a probe whose drafts were all accepted makes the next one come as soon as the policy
-        allows, one with a rejection doubles the wait; its time against the profile's moves the speed, and
-        against the speed the shape of its pass width: the first timing of a width (in a while) as measured,
-        later ones by at most 2x of itself per round (one disturbed round must not swing the choice)."""
+        allows, one with a rejection doubles the wait; its time against the profile's sets the ratio of its
+        pass width: the first timing of a width as measured, later ones by at most 2x of itself per round
+        (one disturbed round must not swing the choice)."""
         if not choice.explore:
             self.ceiling = choice.ceiling
         self._schedule_probes(choice, drafted, accepted)
@@ -243,20 +232,15 @@ class BatchCost:
         width = max(drafted) + 1
         fresh = self.rounds - self.timed.get(width, -(1 << 30)) > self.stale_after  # untimed, or long ago
         self.timed[width] = self.rounds
-        profiled = self.round_ms(drafted, drafting, context) / self.ratio(width)
+        current = self.ratio(width)
+        profiled = self.round_ms(drafted, drafting, context) / current
         if profiled <= 0:
             return
-        live = measured_ms / profiled
-        if self.drift is None:  # the first round: the speed, against which every width's shape is measured
-            self.drift = live / self.shape(width)
-        current = self.shape(width)
-        if fresh:  # its first timing (in a while) as measured against the speed now: what it borrowed was a guess
-            self.ratios[width] = live / self.drift
+        if fresh:  # its first timing (in a while) as measured: what it borrowed was a guess
+            self.ratios[width] = measured_ms / profiled
         else:
-            bounded = min(max(live / self.drift, 0.5 * current), 2.0 * current)
+            bounded = min(max(measured_ms / profiled, 0.5 * current), 2.0 * current)
             self.ratios[width] = self.decay * current + (1 - self.decay) * bounded
-        speed = min(max(live / self.ratios[width], 0.5 * self.drift), 2.0 * self.drift)
-        self.drift = self.drift_decay * self.drift + (1 - self.drift_decay) * speed
 
     def joined(self) -> None:
         """A row joined the batch: its draft has nothing to catch up on yet and its acceptance is a prior,
