@@ -177,15 +177,14 @@ class BatchCost:
             # probe's budget of the plain decoding left.
             spare = room or [0] * len(wanted)
             can = [w or s if not f and not k else 0 for w, s, f, k in zip(wanted, spare, fixed, chosen, strict=True)]
-            probes = [r for r, c in enumerate(can) if c]
             hoped = [self._hoped if c else e for c, e in zip(can, expected, strict=True)]
-            bar = rate(chosen, hoped, switching=False)
+            bar = rate(chosen, hoped, switching=False) * (1 + self.margin)  # what would move the ceiling
+            budget = self.policy.probe_budget * (left or 0) * self.round_ms(chosen, drafting, context)
             for k in range(1, max(can) + 1):
                 ks = [min(c, k) if c else x for c, x in zip(can, chosen, strict=True)]
-                if rate(ks, hoped, switching=False) > bar * (1 + self.margin):  # it could move the ceiling
-                    plain_left = (left or 0) * self.round_ms(chosen, drafting, context)
-                    if switching_ms(ks) <= self.policy.probe_budget * plain_left:
-                        return BatchChoice(best, ks, probed=tuple(probes), starved=True)
+                if rate(ks, hoped, switching=False) > bar:
+                    if switching_ms(ks) <= budget:
+                        return BatchChoice(best, ks, probed=tuple(r for r, c in enumerate(can) if c), starved=True)
                     break  # wider probes pay the same catch-ups
         if self.timed and self.rounds % self.explore_every == self.explore_every - 1:
             # Only the best's neighbours: enough to climb (a neighbour timed better becomes the best, and its
@@ -251,11 +250,11 @@ class BatchCost:
         """The probing schedule (module docstring): starved rounds count towards the next probe; a probe's
         outcome sets the wait; rows drafting without a probe mean drafting pays on its own evidence, and the
         next dry spell starts with its drafts caught up, so it is probed at once."""
-        after, most = self.policy.probe_after, self.policy.max_backoff
-        if choice.probed:
+        if choice.probed:  # (only under a policy that probes)
             self.starved_rounds = 0
             full = bool(accepted) and all(accepted[r] == drafted[r] for r in choice.probed)
-            self.wait = 1 if full or after is None else min(max(2 * self.wait, after), most)
+            after, most = self.policy.probe_after, self.policy.max_backoff
+            self.wait = 1 if full else min(max(2 * self.wait, after), most)
         elif choice.starved:
             self.starved_rounds += 1
         elif any(drafted):
