@@ -577,6 +577,7 @@ def test_a_batch_probes_the_rows_its_ceiling_keeps_from_drafting():
     (eight rows of dear passes), nor where the catch-ups it makes rows pay exceed the probe's budget of the
     plain decoding left; fixed-k rows keep their k."""
     from specrt.tuning.batchcost import BatchCost
+    from specrt.tuning.profile import BatchProfile
 
     target, draft = _compute_bound_profiles()
     poor = lambda k: sum(0.1**i for i in range(k + 1))  # noqa: E731 - an estimate where drafting does not pay
@@ -608,6 +609,14 @@ def test_a_batch_probes_the_rows_its_ceiling_keeps_from_drafting():
     joined = BatchCost(target, draft).choose([3, 0], [poor] * 2, [False] * 2, [True] * 2, room=[3, 2])
     assert joined.ks == [1, 1] and joined.probed == (0, 1)
     assert BatchCost(target, draft).choose([0, 0], [poor] * 2, [False] * 2, [True] * 2, room=[3, 3]).ks == [0, 0]
+    # A probe may go past the k a row chose (that row's estimate is what it tests): where one draft each could
+    # not pay even at 95% but two could (the first draft position dearer than the next, as for the int4 pair
+    # here: a plain round of 2 rows 44 ms, k = 1 86 ms, k = 2 118 ms), rows wanting one draft probe two.
+    steep = BatchProfile([1, 2], [1, 2, 3, 4], [[30, 40, 50, 60], [44, 70, 85, 115]])
+    steep_draft = BatchProfile([1, 2], [1, 2, 3, 4], [[10] * 4, [16] * 4])
+    wider = BatchCost(steep, steep_draft).choose([1, 1], [poor] * 2, [False] * 2, [True] * 2, room=[3, 3])
+    assert wider.ks == [2, 2] and wider.probed == (0, 1), wider
+    assert not any(BatchCost(steep, steep_draft).choose([1, 1], [poor] * 2, [False] * 2, [True] * 2).ks)
 
 
 def test_a_batch_whose_rows_start_pessimistic_finds_out_that_drafting_pays(zoo):

@@ -37,7 +37,7 @@ class Plan:
     proposal: Proposal = field(default_factory=Proposal)
     missed: int = 0  # output tokens the row's draft sat out (fed before its first draft step)
     spare: str | None = None  # a row that chose not to draft: the drafter a batch's probe would draft with
-    room: int = 0  # ... and how many tokens it could draft
+    room: int = 0  # the most tokens the row's drafter could draft this round (how wide a batch's probe may go)
 
     @property
     def drafts_with(self) -> str | None:
@@ -280,6 +280,7 @@ class Scheduler:
         choices: dict[str, Choice] = {}
         best = None  # (tokens/ms, drafter name, k, lookup proposal)
         spare = None  # (drafter name, cap, lookup proposal): what a batch's probe would draft with
+        caps: dict[str, int] = {}  # drafter name -> the most it could draft
         missed = self._missed(r) if self.runner.draft is not None else 0
         for drafter in r.drafters:
             found = None
@@ -291,6 +292,7 @@ class Scheduler:
                 cap, name = min(k_cap, self.runner.draft.max_len - length + 1), MODEL
             if cap <= 0:
                 continue
+            caps[name] = cap
             cost = _cost(r, name)
             if fixed is not None or cost is None:
                 best = (0.0, name, cap, found)
@@ -305,7 +307,7 @@ class Scheduler:
             name, cap, found = spare
             return Plan(None, 0, found or [], choices, missed=missed, spare=name, room=cap)
         _, name, k, found = best
-        return Plan(name, k, found[:k] if found is not None else [], choices, missed=missed)
+        return Plan(name, k, found[:k] if found is not None else [], choices, missed=missed, room=caps[name])
 
     def _missed(self, r: Request) -> int:
         """Output tokens row r's draft sat out (plain rounds it did not draft in) and the runner will feed it

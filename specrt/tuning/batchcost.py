@@ -34,7 +34,8 @@ rows wanting to draft (on their estimates, or for their own probe: costmodel.py)
 probe is due, those rows and every other auto row that chose not to draft (the pass is widened for all of
 them anyway, and their estimates may be as wrong) draft the fewest tokens under which the round would beat
 the plain one by the margin a ceiling needs to move if their drafts were accepted as a probe hopes
-(`probe_acceptance`: where even that would not move the ceiling, a probe teaches the choice nothing), and
+(`probe_acceptance`: where even that would not move the ceiling, a probe teaches the choice nothing; a
+row may draft more than the k it chose, which rests on the estimate being tested), and
 only where the catch-ups it makes them pay stay within `probe_budget` of the batch's plain decoding time
 left; where drafting could not pay even then (many rows of compute-bound passes) no probe runs. A probe gets
 dearer with every plain round (each adds a token to every row's catch-up, about 5 ms per row for the int4
@@ -138,7 +139,8 @@ class BatchCost:
         batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass).
         catch_up[r]: milliseconds row r's draft needs for output tokens it sat out before it can draft;
         left: rounds the batch may still run (its longest row's tokens left; None: unknown, a probe may make
-        no row catch up); room[r]: the drafts row r could make in a probe where it chose none.
+        no row catch up); room[r]: the most drafts row r could make this round (a probe may go past the k it
+        chose: its estimate is what the probe tests).
         A query: the ceiling in force changes only when the round is observed."""
 
         if all(fixed):  # nothing to cap: the one candidate, without pricing it (this runs every round)
@@ -176,7 +178,7 @@ class BatchCost:
             # would not move the ceiling, a probe teaches nothing the choice needs); then only within the
             # probe's budget of the plain decoding left.
             spare = room or [0] * len(wanted)
-            can = [w or s if not f and not k else 0 for w, s, f, k in zip(wanted, spare, fixed, chosen, strict=True)]
+            can = [max(w, s) if not f and not k else 0 for w, s, f, k in zip(wanted, spare, fixed, chosen, strict=True)]
             hoped = [self._hoped if c else e for c, e in zip(can, expected, strict=True)]
             bar = rate(chosen, hoped, switching=False) * (1 + self.margin)  # what would move the ceiling
             budget = self.policy.probe_budget * (left or 0) * self.round_ms(chosen, drafting, context)
