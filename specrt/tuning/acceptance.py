@@ -19,15 +19,12 @@ class AcceptanceEstimate:
     past fades once per drafting round at every position, tested or not: evidence at a position that is no
     longer drafted to does not last for ever. (When it did, one early rejection at position 5 of a code
     prompt kept a_5 at 0.66 while a_1..a_4 were 0.95; k = 5 then never looked worth it, so position 5 was
-    never drafted again to correct it, and auto k ran at 0.9x of fixed k = 5.) The prior is worth one
-    observation: with about ten rounds of memory a run of accepted drafts reads a_1 = 97%. (Worth two, such
-    a run read at most 95%, the very acceptance a probe is designed to hope for (costmodel.Policy), so
-    fully accepted probes could never move a batch's choice, and a pair accepting 98% was priced as 95%.)"""
+    never drafted again to correct it, and auto k ran at 0.9x of fixed k = 5.)"""
 
     max_k: int = 16
     decay: float = 0.9  # weight of the past per drafting round; ~10 rounds of memory
     prior: float = 0.7  # a_1 before any evidence
-    prior_weight: float = 1.0  # see above: the prior must not cap what the evidence can show
+    prior_weight: float = 2.0
     _hits: list[float] = field(default_factory=list)
     _trials: list[float] = field(default_factory=list)
 
