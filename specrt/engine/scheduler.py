@@ -278,9 +278,8 @@ class Scheduler:
         k_cap = min(r.remaining - 1, fixed if fixed is not None else options.max_draft_tokens)
         k_cap = min(k_cap, self.runner.target.max_len - length - 1)
         choices: dict[str, Choice] = {}
-        best = None  # (tokens/ms, drafter name, k, lookup proposal)
+        best = None  # (tokens/ms, drafter name, k, lookup proposal, cap)
         spare = None  # (drafter name, cap, lookup proposal): what a batch's probe would draft with
-        caps: dict[str, int] = {}  # drafter name -> the most it could draft
         missed = self._missed(r) if self.runner.draft is not None else 0
         for drafter in r.drafters:
             found = None
@@ -292,22 +291,21 @@ class Scheduler:
                 cap, name = min(k_cap, self.runner.draft.max_len - length + 1), MODEL
             if cap <= 0:
                 continue
-            caps[name] = cap
             cost = _cost(r, name)
             if fixed is not None or cost is None:
-                best = (0.0, name, cap, found)
+                best = (0.0, name, cap, found, cap)
                 break
             choice = choices[name] = cost.choose(cap, length, alone, missed if name == MODEL else 0, r.remaining)
             spare = spare or (name, cap, found)
             if choice.k and (best is None or choice.rate > best[0]):
-                best = (choice.rate, name, choice.k, found)
+                best = (choice.rate, name, choice.k, found, cap)
         if best is None:
             if spare is None:
                 return Plan(None, 0, choices=choices, missed=missed)
             name, cap, found = spare
             return Plan(None, 0, found or [], choices, missed=missed, spare=name, room=cap)
-        _, name, k, found = best
-        return Plan(name, k, found[:k] if found is not None else [], choices, missed=missed, room=caps[name])
+        _, name, k, found, cap = best
+        return Plan(name, k, found[:k] if found is not None else [], choices, missed=missed, room=cap)
 
     def _missed(self, r: Request) -> int:
         """Output tokens row r's draft sat out (plain rounds it did not draft in) and the runner will feed it

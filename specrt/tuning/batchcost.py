@@ -177,8 +177,8 @@ class BatchCost:
             # needs to move if they were accepted as hoped, its catch-ups aside (where the best outcome
             # would not move the ceiling, a probe teaches nothing the choice needs); then only within the
             # probe's budget of the plain decoding left.
-            spare = room or [0] * len(wanted)
-            can = [max(w, s) if not f and not k else 0 for w, s, f, k in zip(wanted, spare, fixed, chosen, strict=True)]
+            most = room or [0] * len(wanted)
+            can = [max(w, m) if not f and not k else 0 for w, m, f, k in zip(wanted, most, fixed, chosen, strict=True)]
             hoped = [self._hoped if c else e for c, e in zip(can, expected, strict=True)]
             bar = rate(chosen, hoped, switching=False) * (1 + self.margin)  # what would move the ceiling
             budget = self.policy.probe_budget * (left or 0) * self.round_ms(chosen, drafting, context)

@@ -7,10 +7,9 @@ in rotating order (drift hits all alike).
 
 import statistics
 import sys
-import threading
-import time
 
 sys.path.insert(0, "scripts")
+import bench_batch  # noqa: E402
 import benchkit as kit  # noqa: E402
 
 import specrt  # noqa: E402
@@ -38,26 +37,11 @@ eng.complete("def f(x):", GenerationOptions(max_new_tokens=4))  # builds the bat
 
 
 def wave(name: str, pair, seed: int) -> float:
+    """One wave of the pair's two requests at once under configuration `name` (bench_batch's own part)."""
     k, weight[0] = CONFIGS[name]
-    before = dict(eng.stats["k_chosen"])
-    gens = [
-        eng.generate(
-            text,
-            GenerationOptions(
-                max_new_tokens=128, num_draft_tokens=k, temperature=TEMPERATURE, seed=seed + i, ignore_eos=True
-            ),
-            chat=chat,
-        )
-        for i, (text, chat, _) in enumerate(pair)
-    ]
-    threads = [threading.Thread(target=g.consume) for g in gens]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    rate = sum(len(g.token_ids) for g in gens) / (time.perf_counter() - t0)
-    ks = {j: c - before.get(j, 0) for j, c in eng.stats["k_chosen"].items() if c - before.get(j, 0)}
+    got = bench_batch.run_specrt(eng, 2, k, TEMPERATURE, list(enumerate(pair, start=seed)))
+    rate = sum(r["tokens"] for r in got["results"]) / got["wall"]
+    ks = {j: n for j, n in got["k_chosen"].items() if n}
     print(f"  {name:20s} {rate:6.1f} tok/s  k {ks}", flush=True)
     return rate
 
