@@ -11,8 +11,11 @@ thread sends its next request when its last one ends), greedy and at temperature
 Configurations, each with max_batch = c: plain batching (k = 0), fixed k = 3 and 5, and auto k, for the fp32
 and the int4 target (standard graph, int4 draft). The configurations are interleaved: every part runs each of
 them on the same c prompts, in an order reversed from one part to the next (ABBA), so that this machine's
-drift (up to 2x within minutes) hits them alike; auto's cell is judged by the median over parts of auto's
-tokens/s over the best fixed configuration's in the same part. Reported per cell: total output tokens/s
+drift (up to 2x within minutes) hits them alike, and each from an empty cache (`engine.reset()`): every one
+prefills its prompts, as a server does for new ones (the engine keeps a finished request's context for a
+follow-up, so the configurations after the first of a part found their prompts cached and skipped ~10% of
+the part's time: int4, 2 rows, 0.6 s of a 6 s part); auto's cell is judged by the median over parts of
+auto's tokens/s over the best fixed configuration's in the same part. Reported per cell: total output tokens/s
 (all tokens over the summed wall time of the parts), per-request tokens/s (median), time to first token
 p50 / p99, the k chosen per round and the batch sizes seen, and the process's peak RSS. llama-server (built
 by scripts/build_llamacpp.sh) runs the same requests on the GGUF pair with -np c, plain and with
@@ -30,6 +33,7 @@ child process) is measured at concurrency 1 on the same prompts, alternating wit
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -143,6 +147,7 @@ def worker(target: str, levels: list[int], temperatures: list[float], parts: int
                 jobs = prompts[part * c : (part + 1) * c]
                 for name in kit.interleave(CONFIGS, c + part):
                     kit.log(f"{target} c={c} T={temperature} part {part + 1}/{parts} {name}")
+                    engine.reset()  # no configuration finds its prompts cached by the one before it
                     got = run_specrt(engine, c, CONFIGS[name], temperature, jobs, outputs[name])
                     done[name].append(got)
                     tokens = sum(r["tokens"] for r in got["results"])
@@ -156,6 +161,10 @@ def worker(target: str, levels: list[int], temperatures: list[float], parts: int
                 if temperature == 0:
                     greedy.append((rows[-1], outputs[name]))
         del engine
+        gc.collect()  # the level's engine goes before the next one loads (fp32: ~6 GiB of weights and arenas)
+        # Written after every level: a worker killed later (the OOM killer took fp32 workers near this
+        # VM's 23 GiB in the single-stream comparison) leaves what it measured.
+        out.write_text(json.dumps({"rows": rows, "peak_rss_gib": kit.peak_rss_gib()}))
     compare_with_single_stream(target, greedy)
     out.write_text(json.dumps({"rows": rows, "peak_rss_gib": kit.peak_rss_gib()}))
 
@@ -520,8 +529,13 @@ def main() -> int:
         cmd = [sys.executable, __file__, "--worker", target, "--out", str(args.out), "--concurrency"]
         cmd += [str(c) for c in args.concurrency] + ["--temperatures"] + [str(t) for t in args.temperatures]
         cmd += ["--parts", str(args.parts), "--new-tokens", str(NEW_TOKENS)]
-        subprocess.run(cmd, check=True)
-        data = json.loads((args.out / f"raw-{target}.json").read_text())
+        raw = args.out / f"raw-{target}.json"
+        raw.unlink(missing_ok=True)
+        if subprocess.run(cmd).returncode:  # what it wrote before it died is reported, and said to be partial
+            if not raw.is_file():
+                sys.exit(f"the {target} worker failed before it measured a level (see its output above)")
+            kit.log(f"the {target} worker failed: reporting the levels it wrote (no greedy comparison)")
+        data = json.loads(raw.read_text())
         rows += [r | {"peak_rss_gib": data["peak_rss_gib"]} for r in data["rows"]]
     if not args.no_llamacpp:
         rows += run_llamacpp(args.concurrency, args.temperatures)
