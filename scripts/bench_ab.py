@@ -68,11 +68,12 @@ def worker(args: argparse.Namespace) -> None:
     if batch_policy:  # fields of the batch's cost model (specrt.tuning.batchcost.BatchCost), set when it is made
         make = engine._batch_cost
 
-        def batch_cost(alone: bool):
-            cost = make(alone=alone)
+        def batch_cost(*args, **kwargs):  # (its arguments and result have changed over the trees' history)
+            made = make(*args, **kwargs)
+            cost = made[0] if isinstance(made, tuple) else made  # today: (the batch's cost, the row profiles)
             for key, value in batch_policy.items() if cost is not None else ():
                 setattr(cost, key, value)
-            return cost
+            return made
 
         engine._batch_cost = batch_cost
     prompts = {p.name: p for p in DEFAULT_PROMPTS}
