@@ -129,6 +129,10 @@ def worker(target: str, levels: list[int], temperatures: list[float], parts: int
     import specrt
 
     rows, greedy = [], []
+
+    def save() -> None:
+        out.write_text(json.dumps({"rows": rows, "peak_rss_gib": kit.peak_rss_gib()}))
+
     for c in levels:
         engine = specrt.load(BUNDLES[target], BUNDLES["draft"], max_batch=c)
         warm = list(enumerate(kit.mixed_prompts(c)))
@@ -164,9 +168,9 @@ def worker(target: str, levels: list[int], temperatures: list[float], parts: int
         gc.collect()  # the level's engine goes before the next one loads (fp32: ~6 GiB of weights and arenas)
         # Written after every level: a worker killed later (the OOM killer took fp32 workers near this
         # VM's 23 GiB in the single-stream comparison) leaves what it measured.
-        out.write_text(json.dumps({"rows": rows, "peak_rss_gib": kit.peak_rss_gib()}))
+        save()
     compare_with_single_stream(target, greedy)
-    out.write_text(json.dumps({"rows": rows, "peak_rss_gib": kit.peak_rss_gib()}))
+    save()
 
 
 def compare_with_single_stream(target: str, greedy: list[tuple[dict, dict]]) -> None:
