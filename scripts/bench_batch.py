@@ -128,7 +128,7 @@ def worker(target: str, levels: list[int], temperatures: list[float], parts: int
     """One target precision in its own process (its peak RSS is its own)."""
     import specrt
 
-    rows, greedy = [], []
+    rows = []
 
     def save() -> None:
         out.write_text(json.dumps({"rows": rows, "peak_rss_gib": kit.peak_rss_gib()}))
@@ -162,25 +162,34 @@ def worker(target: str, levels: list[int], temperatures: list[float], parts: int
             kit.log(f"{target} c={c} T={temperature}: auto / best fixed {level['auto']['auto_vs_best']:.3f}")
             for name, row in level.items():
                 rows.append({"target": target, "concurrency": c, "temperature": temperature, "config": name} | row)
-                if temperature == 0:
-                    greedy.append((rows[-1], outputs[name]))
+                if temperature == 0:  # compared with single-stream outputs later, in a process of its own
+                    rows[-1]["outputs"] = {str(i): out for i, out in outputs[name].items()}
         del engine
         gc.collect()  # the level's engine goes before the next one loads (fp32: ~6 GiB of weights and arenas)
         # Written after every level: a worker killed later (the OOM killer took fp32 workers near this
         # VM's 23 GiB in the single-stream comparison) leaves what it measured.
         save()
-    compare_with_single_stream(target, greedy)
-    save()
 
 
-def compare_with_single_stream(target: str, greedy: list[tuple[dict, dict]]) -> None:
-    """Every greedy output of the batched runs against the same prompt's single-stream target-only output
-    (max_batch 1, k = 0). Each row gets `differences`: per differing request, the first differing position
-    and the target's top-2 logit margin there (batched kernels may round a near-tie differently; a
-    difference at a large margin is a bug)."""
+def worker_rows(raw: Path) -> list[dict]:
+    """A worker's rows for the report: with its peak RSS, without the outputs kept for the comparison."""
+    data = json.loads(raw.read_text())
+    peak = {"peak_rss_gib": data["peak_rss_gib"]}
+    return [{k: v for k, v in r.items() if k != "outputs"} | peak for r in data["rows"]]
+
+
+def compare_with_single_stream(target: str, raw: Path) -> None:
+    """Every greedy output of the batched runs (the rows' `outputs` in the worker's raw file) against the
+    same prompt's single-stream target-only output (max_batch 1, k = 0). Each such row gets `differences`:
+    per differing request, the first differing position and the target's top-2 logit margin there (batched
+    kernels may round a near-tie differently; a difference at a large margin is a bug). Run in a process of
+    its own: in the worker, after the levels, the fp32 engine's arenas had not gone back and the OOM killer
+    took it near this VM's 23 GiB."""
     import specrt
     from specrt.decoding.divergence import divergence
 
+    data = json.loads(raw.read_text())
+    greedy = [(row, {int(i): out for i, out in row.pop("outputs").items()}) for row in data["rows"] if "outputs" in row]
     used = sorted({i for _, outputs in greedy for i in outputs})
     if not used:
         return
@@ -197,7 +206,7 @@ def compare_with_single_stream(target: str, greedy: list[tuple[dict, dict]]) -> 
             if out != reference[i]
         ]
         row["greedy_compared"] = len(outputs)
-    del engine
+    raw.write_text(json.dumps(data))
 
 
 # ---------------------------------------------------------------- llama.cpp
@@ -495,6 +504,7 @@ def main() -> int:
     parser.add_argument("--only-llamacpp", action="store_true", help="measure llama-server again into <out>")
     parser.add_argument("--only-openvino", action="store_true", help="measure OpenVINO again into <out>")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--compare", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--openvino-config", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -502,6 +512,9 @@ def main() -> int:
     if args.worker and args.worker.startswith("openvino-"):  # under the OpenVINO venv
         target = args.worker.removeprefix("openvino-")
         openvino_worker(target, args.openvino_config, args.out, args.concurrency, args.temperatures)
+        return 0
+    if args.compare:
+        compare_with_single_stream(args.compare, args.out / f"raw-{args.compare}.json")
         return 0
     if args.worker:
         worker(args.worker, args.concurrency, args.temperatures, args.parts, args.out / f"raw-{args.worker}.json")
@@ -523,8 +536,7 @@ def main() -> int:
         for target in ("int4", "fp32"):
             raw = args.out / f"raw-{target}.json"
             if raw.is_file():
-                got = json.loads(raw.read_text())
-                rows += [r | {"peak_rss_gib": got["peak_rss_gib"]} for r in got["rows"]]
+                rows += worker_rows(raw)
         rows += [r for r in data["rows"] if r["target"] not in ("int4", "fp32")]  # the peers'
         write(args.out, data["command"], rows, data["batch_one"], data["fits"])
         return 0
@@ -538,9 +550,11 @@ def main() -> int:
         if subprocess.run(cmd).returncode:  # what it wrote before it died is reported, and said to be partial
             if not raw.is_file():
                 sys.exit(f"the {target} worker failed before it measured a level (see its output above)")
-            kit.log(f"the {target} worker failed: reporting the levels it wrote (no greedy comparison)")
-        data = json.loads(raw.read_text())
-        rows += [r | {"peak_rss_gib": data["peak_rss_gib"]} for r in data["rows"]]
+            kit.log(f"the {target} worker failed: reporting the levels it wrote")
+        compare = [sys.executable, __file__, "--compare", target, "--out", str(args.out)]
+        if subprocess.run(compare + ["--new-tokens", str(NEW_TOKENS)]).returncode:
+            kit.log(f"the {target} greedy comparison failed: its rows are reported without one")
+        rows += worker_rows(raw)
     if not args.no_llamacpp:
         rows += run_llamacpp(args.concurrency, args.temperatures)
     if not args.no_openvino:
