@@ -1,0 +1,137 @@
+#!/usr/bin/env python
+"""Why auto k chose what it chose in a batch: a round-by-round trace of the batch's ceiling (BatchCost).
+
+    python scripts/trace_batch_k.py --target int4 --concurrency 2 --parts 1,3,4 --out results/trace
+
+Runs bench_batch's own parts (same prompts, same warm-up, plain then auto in each part, greedy by default)
+and records every batched round auto k ran: the k each row wanted, the choice (ceiling in force, per-row k,
+probe / explore / starved), the predicted time of a plain round and of the chosen one (the batch model's
+`round_ms`, with the learned width ratios as they were), the expected tokens per row at k = 0..3, the
+catch-ups charged, then what ran: the drafts, the accepted ones and the measured milliseconds. Writes
+<out>/trace-<target>-c<c>.jsonl and prints a summary per kind of round (measured and predicted ms per pass
+width, tokens per round, the share of rounds that drafted) and the plain configuration's tokens/s beside
+auto's, per part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import bench_batch as bb
+import benchkit as kit
+
+from specrt.tuning import batchcost
+
+
+def install_trace(log: list[dict]) -> None:
+    """Wrap BatchCost.choose / observe (at the class: the engine replaces its BatchCost when it measures)."""
+    choose, observe = batchcost.BatchCost.choose, batchcost.BatchCost.observe
+
+    def traced_choose(self, wanted, expected, fixed, drafting, context=None, catch_up=None, left=None, room=None):
+        choice = choose(self, wanted, expected, fixed, drafting, context, catch_up, left, room)
+        if all(fixed):
+            return choice
+        n = len(wanted)
+        log.append(
+            {
+                "rows": n,
+                "context": context,
+                "wanted": list(wanted),
+                "room": list(room or []),
+                "expected": [[round(e(k), 3) for k in range(4)] for e in expected],
+                "catch_up": [round(c, 1) for c in (catch_up or [])],
+                "ceiling_before": self.ceiling,
+                "ceiling": choice.ceiling,
+                "ks": list(choice.ks),
+                "kind": "probe" if choice.probed else "explore" if choice.explore else "choice",
+                "starved": choice.starved,
+                "plain_ms": round(self.round_ms([0] * n, drafting, context), 1),
+                "chosen_ms": round(self.round_ms(choice.ks, drafting, context), 1),
+                "ratios": {w: round(r, 3) for w, r in sorted(self.ratios.items())},
+                "wait": self.wait,
+            }
+        )
+        return choice
+
+    def traced_observe(self, choice, drafted=(), drafting=None, context=None, measured_ms=0.0, accepted=()):
+        if log and "measured_ms" not in log[-1] and log[-1]["ks"] == list(choice.ks):
+            log[-1] |= {"drafted": list(drafted), "accepted": list(accepted), "measured_ms": round(measured_ms, 1)}
+        return observe(self, choice, drafted, drafting, context, measured_ms, accepted)
+
+    batchcost.BatchCost.choose, batchcost.BatchCost.observe = traced_choose, traced_observe
+
+
+def summarise(rounds: list[dict]) -> list[str]:
+    lines = []
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for r in rounds:
+        if "measured_ms" in r:
+            by_kind[r["kind"] + ("/drafting" if any(r["drafted"]) else "/plain")].append(r)
+    for kind, rs in sorted(by_kind.items()):
+        tokens = sum(sum(a) + len(a) for a in (r["accepted"] for r in rs))
+        lines.append(f"{kind}: {len(rs)} rounds, {tokens / len(rs):.2f} tokens/round")
+        widths: dict[int, list[dict]] = defaultdict(list)
+        for r in rs:
+            widths[max(r["drafted"]) + 1].append(r)
+        for w, ws in sorted(widths.items()):
+            measured = statistics.median(r["measured_ms"] for r in ws)
+            predicted = statistics.median(r["chosen_ms"] for r in ws)
+            plain = statistics.median(r["plain_ms"] for r in ws)
+            made = statistics.mean(sum(r["accepted"]) + len(r["accepted"]) for r in ws)
+            lines.append(
+                f"  width {w}: {len(ws)} rounds, measured {measured:.1f} ms, predicted {predicted:.1f} "
+                f"(plain predicted {plain:.1f}), tokens/round {made:.2f}"
+            )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default="int4", choices=["fp32", "int4"])
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--parts", default="1,2,3,4", help="bench_batch's parts to run (1-based, comma-separated)")
+    parser.add_argument("--bench-parts", type=int, default=4, help="bench_batch's --parts (sets the prompts)")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--out", type=Path, default=Path("results/trace"))
+    args = parser.parse_args()
+
+    import specrt
+
+    rounds: list[dict] = []
+    install_trace(rounds)
+    c = args.concurrency
+    engine = specrt.load(bb.BUNDLES[args.target], bb.BUNDLES["draft"], max_batch=c)
+    warm = list(enumerate(kit.mixed_prompts(c)))  # bench_batch's warm-up, as it runs it
+    bb.run_specrt(engine, 1, None, 0.0, warm[:1])
+    bb.run_specrt(engine, c, 0, 0.0, warm)
+    engine.complete("def f(x):", specrt.GenerationOptions(max_new_tokens=4))
+    prompts = list(enumerate(kit.mixed_prompts(args.bench_parts * c)))
+    rounds.clear()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"trace-{args.target}-c{c}.jsonl"
+    with path.open("w") as f:
+        for part in (int(p) for p in args.parts.split(",")):
+            jobs = prompts[(part - 1) * c : part * c]
+            speeds = {}
+            for name in kit.interleave({"plain": 0, "auto": None}, c + part - 1):
+                engine.reset()
+                start = len(rounds)
+                got = bb.run_specrt(engine, c, bb.CONFIGS[name], args.temperature, jobs)
+                speeds[name] = sum(r["tokens"] for r in got["results"]) / got["wall"]
+                for r in rounds[start:]:
+                    f.write(json.dumps({"part": part, "config": name} | r) + "\n")
+                if name == "auto":
+                    print(f"part {part} auto k {dict(sorted((k, v) for k, v in got['k_chosen'].items() if v))}")
+                    print("\n".join(summarise(rounds[start:])))
+            plain, auto = speeds["plain"], speeds["auto"]
+            print(f"part {part}: plain {plain:.1f} tok/s, auto {auto:.1f} ({auto / plain:.3f})")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
