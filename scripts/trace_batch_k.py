@@ -3,14 +3,14 @@
 
     python scripts/trace_batch_k.py --target int4 --concurrency 2 --parts 1,3,4 --out results/trace
 
-Runs bench_batch's own parts (same prompts, same warm-up, plain then auto in each part, greedy by default)
-and records every batched round auto k ran: the k each row wanted, the choice (ceiling in force, per-row k,
+Runs bench_batch's own parts (same prompts, same warm-up, the configurations interleaved in each part, greedy
+by default) and records every batched round auto k ran: the k each row wanted, the choice (ceiling in force, per-row k,
 probe / explore / starved), the predicted time of a plain round and of the chosen one (the batch model's
 `round_ms`, with the learned width ratios as they were), the expected tokens per row at k = 0..3, the
 catch-ups charged, then what ran: the drafts, the accepted ones and the measured milliseconds. Writes
 <out>/trace-<target>-c<c>.jsonl and prints a summary per kind of round (measured and predicted ms per pass
-width, tokens per round, the share of rounds that drafted) and the plain configuration's tokens/s beside
-auto's, per part.
+width, tokens per round) and each configuration's tokens/s per part (`--configs`: plain and auto by default),
+with auto's ratio to the best of the others.
 """
 
 from __future__ import annotations
@@ -96,6 +96,9 @@ def main() -> int:
     parser.add_argument("--parts", default="1,2,3,4", help="bench_batch's parts to run (1-based, comma-separated)")
     parser.add_argument("--bench-parts", type=int, default=4, help="bench_batch's --parts (sets the prompts)")
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument(
+        "--configs", nargs="+", default=["plain", "auto"], choices=list(bb.CONFIGS), help="run in every part"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/trace"))
     args = parser.parse_args()
 
@@ -117,7 +120,7 @@ def main() -> int:
         for part in (int(p) for p in args.parts.split(",")):
             jobs = prompts[(part - 1) * c : part * c]
             speeds = {}
-            for name in kit.interleave({"plain": 0, "auto": None}, c + part - 1):
+            for name in kit.interleave({name: bb.CONFIGS[name] for name in args.configs}, c + part - 1):
                 engine.reset()
                 start = len(rounds)
                 got = bb.run_specrt(engine, c, bb.CONFIGS[name], args.temperature, jobs)
@@ -127,8 +130,9 @@ def main() -> int:
                 if name == "auto":
                     print(f"part {part} auto k {dict(sorted((k, v) for k, v in got['k_chosen'].items() if v))}")
                     print("\n".join(summarise(rounds[start:])))
-            plain, auto = speeds["plain"], speeds["auto"]
-            print(f"part {part}: plain {plain:.1f} tok/s, auto {auto:.1f} ({auto / plain:.3f})")
+            best = max((v for name, v in speeds.items() if name != "auto"), default=0.0)
+            ratio = f" (auto / best of the others {speeds['auto'] / best:.3f})" if "auto" in speeds and best else ""
+            print(f"part {part}: " + ", ".join(f"{name} {v:.1f} tok/s" for name, v in speeds.items()) + ratio)
     print(f"wrote {path}")
     return 0
 
