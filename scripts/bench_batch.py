@@ -124,6 +124,20 @@ def auto_vs_best(rows: dict[str, dict]) -> float:
     return statistics.median(auto / max(others) for auto, *others in per_part)
 
 
+def warm_up(engine, c: int) -> None:
+    """Untimed runs before a level's parts."""
+    import specrt
+
+    warm = list(enumerate(kit.mixed_prompts(c)))
+    # Alone: auto k measures the cost profiles missing for this machine here (t(B, S) up to B = c over all
+    # slots, once; saved in the bundle), as a server does on its first request.
+    run_specrt(engine, 1, None, 0.0, warm[:1])
+    # ...and one level at full concurrency: ONNX Runtime's first runs at the batch's shapes grow its memory
+    # arenas (measured: the first timed level of a fresh engine at c = 4, 8 ran 15-20% slow).
+    run_specrt(engine, c, 0, 0.0, warm)
+    engine.complete("def f(x):", specrt.GenerationOptions(max_new_tokens=4))
+
+
 def worker(target: str, levels: list[int], temperatures: list[float], parts: int, out: Path) -> None:
     """One target precision in its own process (its peak RSS is its own)."""
     import specrt
@@ -135,14 +149,7 @@ def worker(target: str, levels: list[int], temperatures: list[float], parts: int
 
     for c in levels:
         engine = specrt.load(BUNDLES[target], BUNDLES["draft"], max_batch=c)
-        warm = list(enumerate(kit.mixed_prompts(c)))
-        # Warm-up, alone: auto k measures the cost profiles missing for this machine here (t(B, S) up to
-        # B = c over all slots, once; saved in the bundle), as a server does on its first request.
-        run_specrt(engine, 1, None, 0.0, warm[:1])
-        # ...and one untimed level at full concurrency: ONNX Runtime's first runs at the batch's shapes grow
-        # its memory arenas (measured: the first timed level of a fresh engine at c = 4, 8 ran 15-20% slow).
-        run_specrt(engine, c, 0, 0.0, warm)
-        engine.complete("def f(x):", specrt.GenerationOptions(max_new_tokens=4))
+        warm_up(engine, c)
         prompts = list(enumerate(kit.mixed_prompts(parts * c)))
         for temperature in temperatures:
             done: dict[str, list[dict]] = {name: [] for name in CONFIGS}

@@ -31,36 +31,37 @@ from specrt.tuning import batchcost, costmodel
 def install_trace(log: list[dict]) -> None:
     """Wrap BatchCost.choose / observe (at the class: the engine replaces its BatchCost when it measures)."""
     choose, observe = batchcost.BatchCost.choose, batchcost.BatchCost.observe
+    traced: dict[int, dict] = {}  # id of the choice last logged -> its entry (the scheduler observes it next)
 
     def traced_choose(self, wanted, expected, fixed, drafting, context=None, catch_up=None, left=None, room=None):
         choice = choose(self, wanted, expected, fixed, drafting, context, catch_up, left, room)
         if all(fixed):
             return choice
         n = len(wanted)
-        log.append(
-            {
-                "rows": n,
-                "context": context,
-                "wanted": list(wanted),
-                "room": list(room or []),
-                "expected": [[round(e(k), 3) for k in range(4)] for e in expected],
-                "catch_up": [round(c, 1) for c in (catch_up or [])],
-                "ceiling_before": self.ceiling,
-                "ceiling": choice.ceiling,
-                "ks": list(choice.ks),
-                "kind": "probe" if choice.probed else "explore" if choice.explore else "choice",
-                "starved": choice.starved,
-                "plain_ms": round(self.round_ms([0] * n, drafting, context), 1),
-                "chosen_ms": round(self.round_ms(choice.ks, drafting, context), 1),
-                "ratios": {w: round(r, 3) for w, r in sorted(self.ratios.items())},
-                "wait": self.wait,
-            }
-        )
+        traced.clear()
+        traced[id(choice)] = entry = {
+            "rows": n,
+            "context": context,
+            "wanted": list(wanted),
+            "room": list(room or []),
+            "expected": [[round(e(k), 3) for k in range(4)] for e in expected],
+            "catch_up": [round(c, 1) for c in (catch_up or [])],
+            "ceiling_before": self.ceiling,
+            "ceiling": choice.ceiling,
+            "ks": list(choice.ks),
+            "kind": "probe" if choice.probed else "explore" if choice.explore else "choice",
+            "starved": choice.starved,
+            "plain_ms": round(self.round_ms([0] * n, drafting, context), 1),
+            "chosen_ms": round(self.round_ms(choice.ks, drafting, context), 1),
+            "ratios": {w: round(r, 3) for w, r in sorted(self.ratios.items())},
+            "wait": self.wait,
+        }
+        log.append(entry)
         return choice
 
     def traced_observe(self, choice, drafted=(), drafting=None, context=None, measured_ms=0.0, accepted=()):
-        if log and "measured_ms" not in log[-1] and log[-1]["ks"] == list(choice.ks):
-            log[-1] |= {"drafted": list(drafted), "accepted": list(accepted), "measured_ms": round(measured_ms, 1)}
+        if (entry := traced.pop(id(choice), None)) is not None:
+            entry |= {"drafted": list(drafted), "accepted": list(accepted), "measured_ms": round(measured_ms, 1)}
         return observe(self, choice, drafted, drafting, context, measured_ms, accepted)
 
     batchcost.BatchCost.choose, batchcost.BatchCost.observe = traced_choose, traced_observe
@@ -153,10 +154,7 @@ def main() -> int:
     install_row_trace(row_log)
     c = args.concurrency
     engine = specrt.load(bb.BUNDLES[args.target], bb.BUNDLES["draft"], max_batch=c)
-    warm = list(enumerate(kit.mixed_prompts(c)))  # bench_batch's warm-up, as it runs it
-    bb.run_specrt(engine, 1, None, 0.0, warm[:1])
-    bb.run_specrt(engine, c, 0, 0.0, warm)
-    engine.complete("def f(x):", specrt.GenerationOptions(max_new_tokens=4))
+    bb.warm_up(engine, c)
     prompts = list(enumerate(kit.mixed_prompts(args.bench_parts * c)))
     rounds.clear()
     row_log.clear()
