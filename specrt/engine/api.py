@@ -319,7 +319,7 @@ class Engine:
             fresh.update(measured)
         old = self.scheduler.batch_cost
         target, draft = (fresh.get(id(s), p) for s, p in ((self.target, old.target), (self.draft, old.draft)))
-        self.scheduler.batch_cost = BatchCost(target, draft, policy=old.policy)
+        self.scheduler.batch_cost = BatchCost(target, draft, policy=old.policy, warm=old.warm)
         self._batch_owed = []
 
     def _measured(self, sessions: list[ModelSession], others: Watch) -> dict | None:

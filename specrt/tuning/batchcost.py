@@ -50,7 +50,10 @@ ratio for all widths would only follow the machine's drift and leave the choice 
 factor cancels in the argmax); per width it learns what the choice needs, how much a wider round really
 costs against a narrower one on this machine now. A width the batch does not run is not learned, so every
 `explore_every` rounds one round runs at a neighbour of the best ceiling (K - 1 or K + 1) whose width has not
-been timed in the last `stale_after` rounds: a neighbour timed better becomes the best, and so on.
+been timed in the last `stale_after` rounds: a neighbour timed better becomes the best, and so on. A width's
+first round in the engine is not learned from: ONNX Runtime's first run of a new shape is cold (2 fp32
+rows at width 9: 298 ms, then ~250 warm), and taken as measured it priced every wide round dear (the line
+through the ratios) for the rest of the batch (results/trust/batch-c2-trace). Its second is taken as measured.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class BatchCost:
     ceiling: int | None = None  # the K in force
     rounds: int = 0  # batched rounds observed
     timed: dict[int, int] = field(default_factory=dict)  # pass width -> the round it was last timed in
+    warm: set[int] = field(default_factory=set)  # pass widths the engine has run (a first run is cold)
     history: list[int] = field(default_factory=list)  # K per batched round (for the no-flapping check)
     starved_rounds: int = 0  # rounds since the last probe that kept rows wanting to draft from drafting
     wait: int = 1  # such rounds before the next probe (see the module docstring)
@@ -220,8 +224,8 @@ class BatchCost:
         fewer than chosen) and had `accepted[r]` of them accepted, in `measured_ms`: its ceiling is now the
         one in force; a probe whose drafts were all accepted makes the next one come as soon as the policy
         allows, one with a rejection doubles the wait; its time against the profile's sets the ratio of its
-        pass width: the first timing of a width as measured, later ones by at most 2x of itself per round
-        (one disturbed round must not swing the choice)."""
+        pass width: none from the engine's first round at a width (a cold run), the first timing after it as
+        measured, later ones by at most 2x of itself per round (one disturbed round must not swing the choice)."""
         if not choice.explore:
             self.ceiling = choice.ceiling
         self._schedule_probes(choice, drafted, accepted)
@@ -231,6 +235,9 @@ class BatchCost:
         if not drafted or measured_ms <= 0:
             return
         width = max(drafted) + 1
+        if width not in self.warm:  # cold: untimed still, so the width's next round is its first timing
+            self.warm.add(width)
+            return
         fresh = self.rounds - self.timed.get(width, -(1 << 30)) > self.stale_after  # untimed, or long ago
         self.timed[width] = self.rounds
         current = self.ratio(width)
