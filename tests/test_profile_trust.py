@@ -124,7 +124,7 @@ def test_a_profile_proven_wrong_is_measured_again_when_idle(zoo, tmp_path, loade
     draft = shutil.copytree(zoo.small_draft(), tmp_path / "d", ignore=shutil.ignore_patterns("profiles"))
     options = SessionOptions(allow_spinning=False)
     session = ModelSession(specrt.open_bundle(draft), options)
-    true = measure(session, widths=[1], contexts=[16], reps=3)
+    true = measure(session, widths=[1, 4, 16], contexts=[16], reps=3)
     del session
     # A wrong profile that says it was measured on a quiet machine (whatever the machine did during `true`:
     # a busy one is never stored, and the engine would measure afresh instead of trusting it).
@@ -151,6 +151,7 @@ def test_a_profile_proven_wrong_is_measured_again_when_idle(zoo, tmp_path, loade
         return
     fresh = engine.tuning.steps
     assert fresh is not steps and fresh.wrong() == [] and fresh.profiles[TARGET] == steps.profiles[TARGET]
+    assert fresh.profiles[DRAFT].widths == [1, 4, 16]  # every width: catch-ups are priced at the widest
     # Measured again, not the 10x profile: half of it at most (this step takes ~0.25 ms; one clean-clone run
     # on this VM measured it 3.1x apart between two moments a minute apart, 2026-12-03).
     assert fresh.profiles[DRAFT](1, 16) < 0.5 * wrong(1, 16), (fresh.profiles[DRAFT], true)

@@ -34,7 +34,6 @@ from ..tuning.batchcost import BatchCost
 from ..tuning.costmodel import MODEL, NGRAM, Tuning
 from ..tuning.machineload import Watch
 from ..tuning.measure import (
-    WIDTHS,
     Interrupted,
     batch_estimate,
     busy,
@@ -47,7 +46,7 @@ from ..tuning.measure import (
     settings_key,
     stored_batch_profile,
 )
-from ..tuning.stepcost import DRAFT, TARGET, StepCosts
+from ..tuning.stepcost import CATCH_UP_WIDTH, DRAFT, TARGET, StepCosts
 from .decide import PATHS, GraphDecider, HostDecider
 from .generate import Generation
 from .prompting import Prompts
@@ -235,11 +234,12 @@ class Engine:
 
     def _step_profiles(self, request: Request) -> tuple:
         """The target's and the draft's one-row profiles, measured now in the request's slot if missing (the
-        draft's at the batch's widths: its batched steps are priced from them until measured)."""
+        draft's up to CATCH_UP_WIDTH: its catch-ups are priced at its widest width, and its batched steps from
+        them until the batch is measured; a draft measured at width 1 alone priced a catch-up at a full step
+        per token)."""
         options, context, slot = request.options, len(request.prompt), request.slot
         target = profile_for(self.target, options.max_draft_tokens + 1, context, slot)
-        widths = min(self.max_batch, WIDTHS[-1])  # past the widest, read by extrapolation
-        draft = profile_for(self.draft, widths, context, slot) if self.draft is not None else None
+        draft = profile_for(self.draft, CATCH_UP_WIDTH, context, slot) if self.draft is not None else None
         return target, draft
 
     def _wrong_profiles(self) -> list[str]:
@@ -248,7 +248,8 @@ class Engine:
 
     def _remeasure(self, models: list[str]) -> None:
         """Measure again the profiles that live timings proved wrong (StepCosts.wrong), in the idle moment
-        after the requests that proved it: widths 1..9 (auto k's default range), at one context,
+        after the requests that proved it: the old profile's widths (the target's up to 9, auto k's default
+        range), at one context,
         in the slot holding the shortest cached prefix (about a second for a 1.5B int4 target on 2 cores; a
         request arriving meanwhile waits). Measured on a quiet machine, the new profile replaces the old in
         memory and in the bundle, and the step costs start learning afresh from it; measured while other
@@ -261,7 +262,11 @@ class Engine:
             self._remeasured[model] += 1
             session, old = sessions[model], steps.profiles[model]
             slot = min(range(self.max_batch), key=lambda i: session.kv.rows[i].length)
-            widths = [w for w in getattr(old, "widths", range(1, 10)) if w <= 9] if model == TARGET else [1]
+            # The draft's every width: catch-ups are priced at its widest (a width-1 profile stored here priced
+            # them per token at a full step, ~16x too dear, and auto k at one row stopped drafting: 0.72-0.84x
+            # of fixed k, results/trust/remeasure-widths).
+            widest = 9 if model == TARGET else CATCH_UP_WIDTH
+            widths = [w for w in getattr(old, "widths", range(1, 10)) if w <= widest]
             contexts = getattr(old, "contexts", [64])[:1]
             try:
                 fresh = measure(session, widths=widths, contexts=contexts, reps=2, slot=slot, tries=1)
