@@ -263,8 +263,7 @@ class Engine:
             session, old = sessions[model], steps.profiles[model]
             slot = min(range(self.max_batch), key=lambda i: session.kv.rows[i].length)
             # The draft's every width: catch-ups are priced at its widest (a width-1 profile stored here priced
-            # them per token at a full step, ~16x too dear, and auto k at one row stopped drafting: 0.72-0.84x
-            # of fixed k, results/trust/remeasure-widths).
+            # them at a full step per token, 4.6x dear for 20 tokens: results/trust/remeasure-widths).
             widest = 9 if model == TARGET else CATCH_UP_WIDTH
             widths = [w for w in getattr(old, "widths", range(1, 10)) if w <= widest]
             contexts = getattr(old, "contexts", [64])[:1]
