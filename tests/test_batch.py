@@ -385,7 +385,9 @@ def test_a_batch_always_gets_its_ceiling(zoo, tmp_path, monkeypatch):
             break
         time.sleep(0.05)
     engine.reset()  # waits for the scheduler thread to end
-    assert measured == [False, False]  # measured with nothing waiting, once per model
+    # Measured with nothing waiting, once per model; a try that other processes' load gave up (a busy
+    # neighbour: on this VM even its agent's bursts) is repeated for the models not yet stored, within the tries.
+    assert measured and not any(measured) and 2 <= len(measured) <= 2 * api.BATCH_TRIES
     cost = engine.scheduler.batch_cost
     assert cost.target.reps == measure.BATCH_REPS and cost.draft.reps == measure.BATCH_REPS
     assert all(len(r.ids) == 0 for s in (engine.target, engine.draft) for r in s.kv.rows)  # both emptied alike

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -108,6 +109,43 @@ def test_a_position_no_longer_drafted_to_is_not_stuck_with_old_evidence():
     for _ in range(10):
         fresh.update(2, 2)
     assert fresh.rate(5) == pytest.approx(fresh.rate(1)) and fresh.rate(5) > 0.9
+
+
+def drafted_k_on_code(stretch: int, seed: int, rounds: int = 500) -> float:
+    """Tokens drafted per round, alone, over the last 400 of `rounds`, on code-like acceptance: position 1
+    accepted 88% of the time, every later one 99% (once the draft has the line it keeps it); a confident
+    draft (0.97). Under these costs a flat 0.88 makes k = 2 the argmax; the true rates make k = 6..8 best
+    (8% over k = 2)."""
+    rng = random.Random(seed)
+    target = {s: 30 + 8 * (s - 1) for s in range(1, 10)}
+    m = CostModel(
+        StepCosts(flat_profile(target), flat_profile({1: 12, 2: 12})),
+        MODEL,
+        AcceptanceEstimate(),
+        policy=Policy(plain_every=None, stretch=stretch),
+    )
+    drafted = []
+    for _ in range(rounds):
+        c = m.choose(8, 100)
+        confidences = [0.97]
+        while m.keep_drafting(confidences, c.ceiling, 100):  # the scheduler's draft loop
+            confidences.append(0.97)
+        k = len(confidences) if c.k else 0
+        accepted = 0
+        while accepted < k and rng.random() < (0.88 if accepted == 0 else 0.99):
+            accepted += 1
+        learn(m, k, accepted, 100, 12.0, float(target[k + 1]), confidences[:k], choice=c)
+        drafted.append(k)
+    return sum(drafted[-400:]) / 400
+
+
+def test_a_stretch_past_the_chosen_k_finds_the_positions_that_accept_more():
+    """Positions past the chosen k are never tested, so they follow a_1; where a_1 is lower than the rest
+    (code at T = 0.7: ~0.9 against ~0.97), k stays small. Drafting up to `stretch` past k while the draft is
+    confident tests them, and k climbs towards where it pays. Seeded, four generations each."""
+    trapped = sum(drafted_k_on_code(0, seed) for seed in range(4)) / 4
+    stretched = sum(drafted_k_on_code(2, seed) for seed in range(4)) / 4
+    assert trapped < 3.5 < 4.0 < stretched, (trapped, stretched)
 
 
 def test_step_cost_rescales_to_live_timings():

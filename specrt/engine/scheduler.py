@@ -298,7 +298,7 @@ class Scheduler:
             choice = choices[name] = cost.choose(cap, length, alone, missed if name == MODEL else 0, r.remaining)
             spare = spare or (name, cap, found)
             if choice.k and (best is None or choice.rate > best[0]):
-                best = (choice.rate, name, choice.k, found, cap)
+                best = (choice.rate, name, choice.ceiling, found, cap)
         if best is None:
             if spare is None:
                 return Plan(None, 0, choices=choices, missed=missed)
