@@ -158,7 +158,7 @@ class CostModel:
         where k = 5 ran 1.25x faster (results/trust/acceptance-stretch). In a batch the ceiling prices the
         rows' widths, so a row drafts at most its k there."""
         if alone and self.drafter == MODEL and self.policy.early_stop:
-            return max(0, min(k_cap, k + self.policy.stretch) - k)
+            return min(self.policy.stretch, k_cap - k)  # k <= k_cap: the argmax is taken over 0..k_cap
         return 0
 
     def catch_up_ms(self, missed: int, context: int) -> float:
