@@ -261,11 +261,12 @@ def _version_message(data: dict, where: str) -> str:
         quant = data.get("quantization") if isinstance(data.get("quantization"), dict) else {}
         model = source.get("path") if isinstance(source, dict) else None
         folder = Path(where).parent
-        if isinstance(model, str) and role in ROLES:
-            q = quant.get("method", "none")
+        if isinstance(model, str) and isinstance(role, str) and role in ROLES:  # any JSON value: a list is unhashable
+            q = quant.get("method")
+            q = q if isinstance(q, str) and q in QUANT_BITS else "none"  # only a known method's name is repeated
             return message + (
                 "its files carry no integrity record; re-export it: specrt export --model "
-                f"{model} --role {role} --quant {q if q in QUANT_BITS else 'none'} --out {folder} --overwrite"
+                f"{model} --role {role} --quant {q} --out {folder} --overwrite"
             )
         return message + "its files carry no integrity record; re-export it with `specrt export ... --overwrite`"
     return message + "re-export the bundle with this specrt version"
