@@ -27,6 +27,10 @@ import benchkit as kit
 
 from specrt.tuning import batchcost, costmodel
 
+# bench_batch's targets, and the native one (GGUF Q4_K_M through the exporter's own graph) of the serve suite
+TARGETS = {**bb.BUNDLES, "native": kit.ROOT / "engines/qwen2.5-coder-1.5b-native"}
+del TARGETS["draft"]
+
 
 def install_trace(log: list[dict]) -> None:
     """Wrap BatchCost.choose / observe (at the class: the engine replaces its BatchCost when it measures)."""
@@ -135,7 +139,7 @@ def summarise(rounds: list[dict]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", default="int4", choices=["fp32", "int4"])
+    parser.add_argument("--target", default="int4", choices=sorted(TARGETS))
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--parts", default="1,2,3,4", help="bench_batch's parts to run (1-based, comma-separated)")
     parser.add_argument("--bench-parts", type=int, default=4, help="bench_batch's --parts (sets the prompts)")
@@ -153,7 +157,7 @@ def main() -> int:
     install_trace(rounds)
     install_row_trace(row_log)
     c = args.concurrency
-    engine = specrt.load(bb.BUNDLES[args.target], bb.BUNDLES["draft"], max_batch=c)
+    engine = specrt.load(TARGETS[args.target], bb.BUNDLES["draft"], max_batch=c)
     bb.warm_up(engine, c)
     prompts = list(enumerate(kit.mixed_prompts(args.bench_parts * c)))
     rounds.clear()
