@@ -37,8 +37,10 @@ def install_trace(log: list[dict]) -> None:
     choose, observe = batchcost.BatchCost.choose, batchcost.BatchCost.observe
     traced: dict[int, dict] = {}  # id of the choice last logged -> its entry (the scheduler observes it next)
 
-    def traced_choose(self, wanted, expected, fixed, drafting, context=None, catch_up=None, left=None, room=None):
-        choice = choose(self, wanted, expected, fixed, drafting, context, catch_up, left, room)
+    def traced_choose(
+        self, wanted, expected, fixed, drafting, context=None, catch_up=None, left=None, room=None, span=None
+    ):
+        choice = choose(self, wanted, expected, fixed, drafting, context, catch_up, left, room, span)
         if all(fixed):
             return choice
         n = len(wanted)
@@ -55,18 +57,19 @@ def install_trace(log: list[dict]) -> None:
             "ks": list(choice.ks),
             "kind": "probe" if choice.probed else "explore" if choice.explore else "choice",
             "starved": choice.starved,
-            "plain_ms": round(self.round_ms([0] * n, drafting, context), 1),
-            "chosen_ms": round(self.round_ms(choice.ks, drafting, context), 1),
+            "span": span,
+            "plain_ms": round(self.round_ms([0] * n, drafting, context, span), 1),
+            "chosen_ms": round(self.round_ms(choice.ks, drafting, context, span), 1),
             "ratios": {w: round(r, 3) for w, r in sorted(self.ratios.items())},
             "wait": self.wait,
         }
         log.append(entry)
         return choice
 
-    def traced_observe(self, choice, drafted=(), drafting=None, context=None, measured_ms=0.0, accepted=()):
+    def traced_observe(self, choice, drafted=(), drafting=None, context=None, measured_ms=0.0, accepted=(), span=None):
         if (entry := traced.pop(id(choice), None)) is not None:
             entry |= {"drafted": list(drafted), "accepted": list(accepted), "measured_ms": round(measured_ms, 1)}
-        return observe(self, choice, drafted, drafting, context, measured_ms, accepted)
+        return observe(self, choice, drafted, drafting, context, measured_ms, accepted, span)
 
     batchcost.BatchCost.choose, batchcost.BatchCost.observe = traced_choose, traced_observe
 

@@ -666,8 +666,8 @@ def test_a_batch_whose_rows_start_pessimistic_finds_out_that_drafting_pays(zoo):
     engine.tuning.priors[MODEL] = AcceptanceEstimate(prior=0.1)  # the last request's: drafting does not pay
     cost = engine.scheduler.batch_cost = BatchCost(*_compute_bound_profiles())
     observe = cost.observe
-    cost.observe = lambda choice, drafted, drafting, context, ms, accepted: observe(
-        choice, drafted, drafting, context, accepted=accepted
+    cost.observe = lambda choice, drafted, drafting, context, ms, accepted, span: observe(
+        choice, drafted, drafting, context, accepted=accepted, span=span
     )  # its decisions, not the toy models' timings
     jobs = [(p, GenerationOptions(max_new_tokens=48, ignore_eos=True)) for p in prompts(2)]
     out = run_concurrently(engine, jobs, fill=True)
@@ -678,3 +678,19 @@ def test_a_batch_whose_rows_start_pessimistic_finds_out_that_drafting_pays(zoo):
         # from the k its probe taught it to want, the batch's probe, then drafting to the end
         assert plain <= 16, g.stats.k_histogram
     assert engine.stats["batch_sizes"].get(2, 0) >= 5, engine.stats  # the rounds ran as a batch of two
+
+
+def test_a_round_is_priced_by_the_slots_its_rows_span():
+    """A batched run computes every slot of its rows' range, idle ones as rows: a batch's last 2 rows in slots 0
+    and 7 run passes as dear as 8 rows. Priced as 2 rows, such rounds taught the batch cost that plain rounds
+    cost twice their profile (native pair, a served wave of 8 requests: the plain ratio went 1.09 -> 2.17 in
+    its tail), and the next batch drafted at 8 rows where plain batching was 1.25x faster."""
+    from specrt.tuning.batchcost import BatchCost
+
+    cost = BatchCost(*_compute_bound_profiles())
+    assert cost.round_ms([0, 0], span=8) == pytest.approx(cost.round_ms([0] * 8))
+    assert cost.round_ms([0] * 8) > 1.5 * cost.round_ms([0, 0])
+    for _ in range(4):  # plain rounds of 2 rows over 8 slots, timed at what 8 rows cost: nothing to correct
+        choice = cost.choose([0, 0], [lambda k: 1.0 + 0.5 * k] * 2, [False] * 2, [True] * 2, span=8)
+        cost.observe(choice, [0, 0], [True, True], None, cost.round_ms([0] * 8), [0, 0], span=8)
+    assert cost.ratio(1) == pytest.approx(1.0)

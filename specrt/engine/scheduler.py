@@ -198,7 +198,8 @@ class Scheduler:
         if batch is not None:  # the round's own steps: a draft slot's catch-up after plain rounds is not k's cost
             drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == MODEL for p in plans]
             round_ms = draft_ms - self.runner.catch_up_ms + target_ms
-            self.batch_cost.observe(batch, drafted, model, context, round_ms, [n for n, _ in decided])
+            accepted = [n for n, _ in decided]
+            self.batch_cost.observe(batch, drafted, model, context, round_ms, accepted, _span(rows))
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, (n, nxt) in zip(rows, plans, decided, strict=True):
@@ -219,6 +220,7 @@ class Scheduler:
             [_catch_up_ms(r, p) for r, p in zip(rows, plans, strict=True)],
             max(r.remaining for r in rows),
             [p.room for p in plans],
+            _span(rows),
         )
 
     # ------------------------------------------------------------------ settling one row's round
@@ -353,6 +355,14 @@ def _catch_up_ms(r: Request, plan: Plan) -> float:
 def _cost(r: Request, drafter: str | None):
     """The request's cost model for `drafter` (None: fixed k, or nothing that drafts)."""
     return r.costs.get(drafter) if r.costs is not None else None
+
+
+def _span(rows: list[Request]) -> int:
+    """The slots a batched run over `rows` covers: their range, idle slots inside it computed as rows (a batch
+    ending leaves holes: 2 rows left in slots 0 and 7 ran passes as dear as 8 rows, and taken as 2 rows'
+    they taught the batch cost that plain rounds cost twice their profile)."""
+    slots = [r.slot for r in rows]
+    return max(slots) - min(slots) + 1
 
 
 def _holes(taken: list[int], slot: int) -> int:

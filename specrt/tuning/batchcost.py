@@ -6,8 +6,10 @@ batched step over the B_j rows still drafting, so
 
     cost(k) = t_target(B, W) + sum_j t_draft(B_j, 1)         gain(k) = sum_r E_r(k_r)
 
-with E_r the expected tokens of row r (its own acceptance estimate) and t(B, S) measured for this bundle
-on this machine (`BatchProfile`, interpolated between measured batch sizes) at two context lengths, read
+with E_r the expected tokens of row r (its own acceptance estimate), B in the target's term the slots the
+rows' range covers (a batched run computes idle slots inside it as rows: a batch's last rows keep the slots
+they had), and t(B, S) measured for this bundle on this machine (`BatchProfile`, interpolated between
+measured batch sizes) at two context lengths, read
 at the batch's longest row (`BatchProfiles`): the pass attends every row over that length, a cost per row
 that makes a plain step of many rows dearer at long contexts and speculation relatively cheaper there
 (native 1.5B, 8 rows: t(8, 2) / t(8, 1) = 1.52 at 64 tokens, 1.44 at 512). The round's rows first choose
@@ -104,11 +106,18 @@ class BatchCost:
         if isinstance(self.draft, BatchProfile):
             self.draft = BatchProfiles([self.draft])
 
-    def round_ms(self, ks: Sequence[int], drafting: Sequence[bool] | None = None, context: int | None = None) -> float:
+    def round_ms(
+        self,
+        ks: Sequence[int],
+        drafting: Sequence[bool] | None = None,
+        context: int | None = None,
+        span: int | None = None,
+    ) -> float:
         """Predicted milliseconds of a round with these k (drafting[r]: row r's drafts come from the draft
-        model; prompt lookup's are free) when the longest row holds `context` tokens."""
+        model; prompt lookup's are free) when the longest row holds `context` tokens and the rows' slots span
+        `span` slots (the target pass computes every slot of the range, idle ones as rows; None: no gaps)."""
         drafting = drafting if drafting is not None else [True] * len(ks)
-        ms = self.target(len(ks), max(ks) + 1, context)
+        ms = self.target(max(len(ks), span or 0), max(ks) + 1, context)
         if self.draft is not None:
             for j in range(1, max(ks) + 1):
                 rows = sum(1 for k, d in zip(ks, drafting, strict=True) if d and k >= j)
@@ -138,13 +147,14 @@ class BatchCost:
         catch_up: Sequence[float] | None = None,
         left: int | None = None,
         room: Sequence[int] | None = None,
+        span: int | None = None,
     ) -> BatchChoice:
         """Per-row k for the round: each auto row's own choice, capped at the ceiling K that maximises the
         batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass).
         catch_up[r]: milliseconds row r's draft needs for output tokens it sat out before it can draft;
         left: rounds the batch may still run (its longest row's tokens left; None: unknown, a probe may make
         no row catch up); room[r]: the most drafts row r could make this round (a probe may go past the k it
-        chose: its estimate is what the probe tests).
+        chose: its estimate is what the probe tests); span: the slots the rows' range covers (`round_ms`).
         A query: the ceiling in force changes only when the round is observed."""
 
         if all(fixed):  # nothing to cap: the one candidate, without pricing it (this runs every round)
@@ -156,7 +166,7 @@ class BatchCost:
 
         def rate(ks: list[int], gains: Sequence[Callable[[int], float]] = expected, switching: bool = True) -> float:
             gain = sum(e(k) for e, k in zip(gains, ks, strict=True))
-            return gain / (self.round_ms(ks, drafting, context) + (switching_ms(ks) if switching else 0.0))
+            return gain / (self.round_ms(ks, drafting, context, span) + (switching_ms(ks) if switching else 0.0))
 
         def ks_for(ceiling: int) -> list[int]:
             ks = [w if f else min(w, ceiling) for w, f in zip(wanted, fixed, strict=True)]
@@ -185,7 +195,7 @@ class BatchCost:
             can = [max(w, m) if not f and not k else 0 for w, m, f, k in zip(wanted, most, fixed, chosen, strict=True)]
             hoped = [self._hoped if c else e for c, e in zip(can, expected, strict=True)]
             bar = rate(chosen, hoped, switching=False) * (1 + self.margin)  # what would move the ceiling
-            budget = self.policy.probe_budget * (left or 0) * self.round_ms(chosen, drafting, context)
+            budget = self.policy.probe_budget * (left or 0) * self.round_ms(chosen, drafting, context, span)
             for k in range(1, max(can) + 1):
                 ks = [min(c, k) if c else x for c, x in zip(can, chosen, strict=True)]
                 if rate(ks, hoped, switching=False) > bar:
@@ -219,6 +229,7 @@ class BatchCost:
         context: int | None = None,
         measured_ms: float = 0.0,
         accepted: Sequence[int] = (),
+        span: int | None = None,
     ) -> None:
         """A batched round ran under `choice`, drafted `drafted[r]` tokens per row (early stops may draft
         fewer than chosen) and had `accepted[r]` of them accepted, in `measured_ms`: its ceiling is now the
@@ -241,7 +252,7 @@ class BatchCost:
         fresh = self.rounds - self.timed.get(width, -(1 << 30)) > self.stale_after  # untimed, or long ago
         self.timed[width] = self.rounds
         current = self.ratio(width)
-        profiled = self.round_ms(drafted, drafting, context) / current
+        profiled = self.round_ms(drafted, drafting, context, span) / current
         if profiled <= 0:
             return
         if fresh:  # its first timing (in a while) as measured: what it borrowed was a guess
