@@ -182,7 +182,8 @@ class Scheduler:
     def _round(self, rows: list[Request]) -> None:
         plans = [self._plan(r, alone=len(rows) == 1) for r in rows]
         context = max(len(r.tokens) for r in rows)  # the batched passes attend every row over the longest
-        batch = self._batch_choice(rows, plans, context)
+        span = _span([r.slot for r in rows])  # ... and compute every slot of the rows' range
+        batch = self._batch_choice(rows, plans, context, span)
         if batch is not None:
             plans = [p.capped(k) for p, k in zip(plans, batch.ks, strict=True)]
         t0 = time.perf_counter()
@@ -199,7 +200,7 @@ class Scheduler:
             drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == MODEL for p in plans]
             round_ms = draft_ms - self.runner.catch_up_ms + target_ms
             accepted = [n for n, _ in decided]
-            self.batch_cost.observe(batch, drafted, model, context, round_ms, accepted, _span(rows))
+            self.batch_cost.observe(batch, drafted, model, context, round_ms, accepted, span)
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, (n, nxt) in zip(rows, plans, decided, strict=True):
@@ -207,7 +208,7 @@ class Scheduler:
             times = Times(row_draft_ms, target_ms, len(rows) == 1, self.runner.decide_ms)
             self._settle(r, p, n, nxt, times)
 
-    def _batch_choice(self, rows: list[Request], plans: list[Plan], context: int) -> BatchChoice | None:
+    def _batch_choice(self, rows: list[Request], plans: list[Plan], context: int, span: int) -> BatchChoice | None:
         """The batch's ceiling on the rows' own choices (batches of two rows or more, with a batch cost)."""
         if len(rows) == 1 or self.batch_cost is None:
             return None
@@ -220,7 +221,7 @@ class Scheduler:
             [_catch_up_ms(r, p) for r, p in zip(rows, plans, strict=True)],
             max(r.remaining for r in rows),
             [p.room for p in plans],
-            _span(rows),
+            span,
         )
 
     # ------------------------------------------------------------------ settling one row's round
@@ -357,18 +358,16 @@ def _cost(r: Request, drafter: str | None):
     return r.costs.get(drafter) if r.costs is not None else None
 
 
-def _span(rows: list[Request]) -> int:
-    """The slots a batched run over `rows` covers: their range, idle slots inside it computed as rows (a batch
-    ending leaves holes: 2 rows left in slots 0 and 7 ran passes as dear as 8 rows, and taken as 2 rows'
-    they taught the batch cost that plain rounds cost twice their profile)."""
-    slots = [r.slot for r in rows]
+def _span(slots: list[int]) -> int:
+    """The slots a batched run over rows in `slots` covers: their range, idle slots inside it computed as rows
+    (a batch ending leaves holes: 2 rows left in slots 0 and 7 ran passes as dear as 8 rows, and priced as 2
+    rows they taught the batch cost that plain rounds cost twice their profile)."""
     return max(slots) - min(slots) + 1
 
 
 def _holes(taken: list[int], slot: int) -> int:
     """Idle slots inside the range a batched run covers once `slot` joins the rows in slots `taken`."""
-    span = [*taken, slot]
-    return max(span) - min(span) + 1 - len(span)
+    return _span([*taken, slot]) - len(taken) - 1
 
 
 def _reuse(row, prompt) -> float:
