@@ -123,8 +123,10 @@ class Scheduler:
             # 57). Where no slot gains, the one freed longest ago (never used first): the contexts finished
             # most recently stay for the follow-ups most likely to come. At least one prompt token is always
             # fed, to get the first logits.
-            rows, rounds = self.runner.target.kv.rows, r.options.max_new_tokens
-            slot = max(free, key=lambda i: (_reuse(rows[i], r.prompt) - _holes(taken, i) * rounds, -self.freed[i], -i))
+            # Requests still waiting fill holes at once: only the rest stay idle.
+            rows, rounds, filled = self.runner.target.kv.rows, r.options.max_new_tokens, len(self.waiting)
+            idle = {i: max(_holes(taken, i) - filled, 0) for i in free}
+            slot = max(free, key=lambda i: (_reuse(rows[i], r.prompt) - idle[i] * rounds, -self.freed[i], -i))
             self._admitted += 1
             rows[slot].truncate(min(rows[slot].common_prefix(r.prompt), len(r.prompt) - 1))
             if self.runner.draft is not None:
