@@ -210,9 +210,10 @@ def llama_servers(args, bin_dir: Path | None, concurrency: int) -> list[tuple[st
 
 
 def alternate(args, urls: dict[str, str], c: int) -> dict[str, tuple[list, float]]:
-    """One level, interleaved: max(2c, --requests) requests split into --rounds parts, every server (name ->
-    URL) taking each part in turn, the order reversed every other part. Per server: results and wall time."""
-    n = max(2 * c, args.requests)
+    """One level, interleaved: max(rounds x c, --requests) requests split into --rounds parts (every part keeps
+    c streams busy), every server (name -> URL) taking each part in turn, the order reversed every other part.
+    Per server: results and wall time."""
+    n = max(args.rounds * c, args.requests)
     parts = [n // args.rounds + (1 if i < n % args.rounds else 0) for i in range(args.rounds)]
     done: dict[str, tuple[list, float]] = {name: ([], 0.0) for name in urls}
     first = 0
@@ -242,8 +243,8 @@ def suite(args) -> list[dict]:
     specrt += [*(["--draft", args.draft] if args.draft else []), "--model-name", args.model, "--max-queue", "1000"]
     fixed = [("specrt auto k", [*specrt, "-k", "auto"]), ("specrt k=0", [*specrt, "-k", "0"])]
     fixed.append((f"specrt k={args.fixed_k}", [*specrt, "-k", str(args.fixed_k)]))
-    bin_dir = kit.llamacpp_bin()
-    if bin_dir is None:
+    bin_dir = None if args.no_llamacpp else kit.llamacpp_bin()
+    if bin_dir is None and not args.no_llamacpp:
         kit.log("llama.cpp is not built (bash scripts/build_llamacpp.sh): no llama-server rows")
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
 
@@ -377,6 +378,11 @@ def main() -> int:
     parser.add_argument("--fixed-k", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2, help="suite: parts of each level the servers alternate on")
     parser.add_argument("--cold-burst", type=int, default=8, help="suite: warm-up requests arriving together")
+    parser.add_argument(
+        "--no-llamacpp",
+        action="store_true",
+        help="suite: specrt servers only (at 16 streams two llama-servers and three specrt servers need over 23 GiB)",
+    )
     parser.add_argument("--out", type=Path, default=kit.ROOT / "results/serve")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

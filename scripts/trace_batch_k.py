@@ -60,7 +60,7 @@ def install_trace(log: list[dict]) -> None:
             "span": span,
             "plain_ms": round(self.round_ms([0] * n, drafting, context, span), 1),
             "chosen_ms": round(self.round_ms(choice.ks, drafting, context, span), 1),
-            "ratios": {w: round(r, 3) for w, r in sorted(self.ratios.items())},
+            "ratios": {f"{b}x{w}": round(r, 3) for (b, w), r in sorted(self.ratios.items())},
             "wait": self.wait,
         }
         log.append(entry)

@@ -186,10 +186,10 @@ def test_a_batch_learns_that_wide_rounds_cost_more_than_profiled():
         return ceilings
 
     drift = rounds(10, lambda w: 2 * 40.0)  # everything 2x slower: the choice stays
-    assert drift == [3] * 10 and cost.ratio(4) > 1.5 and cost.ratio(1) == cost.ratio(4)  # borrowed
+    assert drift == [3] * 10 and cost.ratio(4, 4) > 1.5 and cost.ratio(1, 4) == cost.ratio(4, 4)  # borrowed
     learned = rounds(80, lambda w: 40.0 * (1 + 0.9 * (w - 1)))  # a wide pass costs what it computes
     assert learned[0] == 3 and learned[-1] == 0, learned  # at acceptance 0.6 plain batching wins
-    assert sorted(cost.timed) == [1, 2, 3, 4]  # every width timed, by a few exploring rounds
+    assert sorted(cost.timed) == [(4, w) for w in (1, 2, 3, 4)]  # every width timed, by a few exploring rounds
     assert sum(1 for a, b in zip(learned, learned[1:], strict=False) if a != b) <= 8, learned  # no flapping
 
 
@@ -209,8 +209,34 @@ def test_a_widths_cold_first_round_does_not_price_it_out():
         ran.add(width)
         ceilings.append(None if choice.explore else choice.ceiling)
     assert ceilings[5:].count(6) >= 50, ceilings
-    ratios = [cost.ratios[w] for w in ran if w in cost.ratios]  # warm, every width runs at the same factor
+    ratios = [cost.ratios[2, w] for w in ran if (2, w) in cost.ratios]  # warm, every width at the same factor
     assert len(ratios) >= 3 and max(ratios) < 1.01 * min(ratios), cost.ratios  # the cold runs left no mark
+
+
+def test_what_a_batch_learned_at_4_rows_does_not_price_8_rows():
+    """The profile's error depends on the batch size: a served native pair's plain rounds ran at 1.4x the
+    profile with 4 rows and as profiled with 8. Learned per width alone, the 4-row figure priced 8-row plain
+    rounds 40% dear, plain was never run at 8 rows to correct it, and 8 rows drafted where plain batching was
+    faster (0.89x). Per shape, 8 rows borrow the 4-row figures only until their own are timed."""
+    ms = {4: {1: 50.0, 2: 75.0}, 8: {1: 84.0, 2: 160.0}}  # profiled
+    truth = {(4, 1): 70.0, (4, 2): 75.0, (8, 1): 84.0, (8, 2): 160.0}  # plain at 4 rows runs 1.4x the profile
+    profile = BatchProfile([4, 8], [1, 2], [[ms[b][w] for w in (1, 2)] for b in (4, 8)], 64, 4)
+    cost = BatchCost(profile, None)
+    expected = lambda k: sum(0.8**i for i in range(k + 1))  # noqa: E731 - at 8 rows plain wins by 5%, at 4 drafting by 70%
+
+    def rounds(n: int, rows: int, wanted: int) -> list[int]:
+        ceilings = []
+        for _ in range(n):
+            choice = cost.choose([wanted] * rows, [expected] * rows, [False] * rows, [False] * rows)
+            cost.observe(choice, choice.ks, [False] * rows, None, truth[rows, max(choice.ks) + 1])
+            ceilings.append(None if choice.explore else choice.ceiling)
+        return ceilings
+
+    rounds(5, 4, 0)  # plain rounds at 4 rows: 1.4x
+    assert rounds(20, 4, 1)[-10:] == [1] * 10  # drafting pays at 4 rows
+    at_8 = rounds(80, 8, 1)
+    assert at_8[-30:] == [0] * 30, at_8  # 8 rows timed plain at their own size and went plain
+    assert cost.ratio(1, 8) == pytest.approx(1.0) and cost.ratio(1, 4) == pytest.approx(1.4)
 
 
 def test_a_batch_where_plain_wins_explores_only_next_to_it():

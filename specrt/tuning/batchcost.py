@@ -46,16 +46,21 @@ row joins the batch, the next at once while probes come back fully accepted (a r
 estimate what one cannot, and costs no catch-up), `probe_after` rounds after a rejection, doubling to
 `max_backoff` while they fail.
 
-The profile is corrected from the rounds the batch runs: per pass width W, the measured time of its rounds
-against the profile's prediction, smoothed (`ratios`; a width not yet run reads the line through those run). One
-ratio for all widths would only follow the machine's drift and leave the choice where it was (a common
-factor cancels in the argmax); per width it learns what the choice needs, how much a wider round really
-costs against a narrower one on this machine now. A width the batch does not run is not learned, so every
-`explore_every` rounds one round runs at a neighbour of the best ceiling (K - 1 or K + 1) whose width has not
-been timed in the last `stale_after` rounds: a neighbour timed better becomes the best, and so on. A width's
-first round in the engine is not learned from: ONNX Runtime's first run of a new shape is cold (2 fp32
-rows at width 9: 298 ms, then ~250 warm), and taken as measured it priced every wide round dear (the line
-through the ratios) for the rest of the batch (results/trust/batch-c2-trace). Its second is taken as measured.
+The profile is corrected from the rounds the batch runs: per pass shape, the slots it computes B and its width
+W, the measured time of its rounds against the profile's prediction, smoothed (`ratios`). One ratio for all
+widths would only follow the machine's drift and leave the choice where it was (a common factor cancels in the
+argmax); per width it learns what the choice needs, how much a wider round really costs against a narrower
+one on this machine now. And per B, because the profile's error is not the same at every batch size: a
+served native pair's plain rounds ran at 1.4x the profile with 4 rows and at 1.0x with 8, and with one ratio
+per width the 4-row figure priced 8-row plain rounds at 120 ms against 85 measured, so 8 rows drafted for 90
+rounds at 0.89x of plain batching (results/trust/serve-shape-ratio). A width not run at B reads the line
+through the widths run at B; at a B with nothing run, the line of the nearest B that has some. A shape the
+batch does not run is not learned, so every `explore_every` rounds one round runs at a neighbour of the best
+ceiling (K - 1 or K + 1) whose shape has not been timed in the last `stale_after` rounds: a neighbour timed
+better becomes the best, and so on. A shape's first round in the engine is not learned from: ONNX Runtime's
+first run of a new shape is cold (2 fp32 rows at width 9: 298 ms, then ~250 warm), and taken as measured it
+priced every wide round dear (the line through the ratios) for the rest of the batch
+(results/trust/batch-c2-trace). Its second is taken as measured.
 """
 
 from __future__ import annotations
@@ -65,6 +70,12 @@ from dataclasses import dataclass, field
 
 from .costmodel import Policy
 from .profile import BatchProfile, BatchProfiles
+
+
+def shape(ks: Sequence[int], span: int | None = None) -> tuple[int, int]:
+    """The target pass of a round at these k: (the slots it computes, its width). A batched run computes every
+    slot of its rows' range, idle ones as rows (`span`), and pads every row to the widest."""
+    return max(len(ks), span or 0), max(ks) + 1
 
 
 @dataclass(frozen=True)
@@ -88,14 +99,14 @@ class BatchCost:
     margin: float = 0.03
     weigh_missed: bool = True  # charge a row's catch-up on output tokens its draft sat out (see above)
     decay: float = 0.8
-    ratios: dict[int, float] = field(default_factory=dict)  # pass width -> live / profiled round time, smoothed
+    ratios: dict[tuple[int, int], float] = field(default_factory=dict)  # (B, W) -> live / profiled time, smoothed
     policy: Policy = Policy()  # the probing rule (probe_after, max_backoff, probe_acceptance, probe_budget)
     explore_every: int = 16
     stale_after: int = 256
     ceiling: int | None = None  # the K in force
     rounds: int = 0  # batched rounds observed
-    timed: dict[int, int] = field(default_factory=dict)  # pass width -> the round it was last timed in
-    warm: set[int] = field(default_factory=set)  # pass widths the engine has run (a first run is cold)
+    timed: dict[tuple[int, int], int] = field(default_factory=dict)  # (B, W) -> the round it was last timed in
+    warm: set[tuple[int, int]] = field(default_factory=set)  # pass shapes (B, W) the engine has run (cold first)
     history: list[int] = field(default_factory=list)  # K per batched round (for the no-flapping check)
     starved_rounds: int = 0  # rounds since the last probe that kept rows wanting to draft from drafting
     wait: int = 1  # such rounds before the next probe (see the module docstring)
@@ -117,20 +128,26 @@ class BatchCost:
         model; prompt lookup's are free) when the longest row holds `context` tokens and the rows' slots span
         `span` slots (the target pass computes every slot of the range, idle ones as rows; None: no gaps)."""
         drafting = drafting if drafting is not None else [True] * len(ks)
-        ms = self.target(max(len(ks), span or 0), max(ks) + 1, context)
+        slots, width = shape(ks, span)
+        ms = self.target(slots, width, context)
         if self.draft is not None:
-            for j in range(1, max(ks) + 1):
+            for j in range(1, width):
                 rows = sum(1 for k, d in zip(ks, drafting, strict=True) if d and k >= j)
                 ms += self.draft(rows, 1, context) if rows else 0.0
-        return ms * self.ratio(max(ks) + 1)
+        return ms * self.ratio(width, slots)
 
-    def ratio(self, width: int) -> float:
-        """Live / profiled time of rounds whose pass is `width` wide: learned; else, from two learned widths
-        or more, the straight line through them (a profile that misjudges the cost of width misjudges it in
+    def ratio(self, width: int, slots: int) -> float:
+        """Live / profiled time of rounds whose pass computes `slots` rows `width` wide: learned; else from the
+        widths learned at that many slots (at the nearest count that has some, where none): from two or more,
+        the straight line through them (a profile that misjudges the cost of width misjudges it in
         proportion, more or less), kept within half the smallest and twice the largest learned ratio; from
         one, that one; from none, 1."""
-        learned = self.ratios
-        if width in learned or len(learned) < 2:
+        if (slots, width) in self.ratios:
+            return self.ratios[slots, width]
+        counts = {b for b, _ in self.ratios}
+        near = min(counts, key=lambda b: (abs(b - slots), -b), default=slots)
+        learned = {w: r for (b, w), r in self.ratios.items() if b == near}
+        if len(learned) < 2:
             return learned.get(width, next(iter(learned.values()), 1.0))
         xs, ys = list(learned), list(learned.values())
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -210,7 +227,7 @@ class BatchCost:
                 k
                 for k in (best - 1, best + 1)
                 if k in candidates
-                and self.rounds - self.timed.get(max(ks_at[k]) + 1, -(1 << 30)) > self.stale_after
+                and self.rounds - self.timed.get(shape(ks_at[k], span), -(1 << 30)) > self.stale_after
                 and not switching_ms(ks_at[k])  # timing a width must not pay a catch-up
             ]
             if stale:
@@ -235,8 +252,9 @@ class BatchCost:
         fewer than chosen) and had `accepted[r]` of them accepted, in `measured_ms`: its ceiling is now the
         one in force; a probe whose drafts were all accepted makes the next one come as soon as the policy
         allows, one with a rejection doubles the wait; its time against the profile's sets the ratio of its
-        pass width: none from the engine's first round at a width (a cold run), the first timing after it as
-        measured, later ones by at most 2x of itself per round (one disturbed round must not swing the choice)."""
+        pass shape (slots, width): none from the engine's first round of a shape (a cold run), the first timing
+        after it as measured, later ones by at most 2x of itself per round (one disturbed round must not swing
+        the choice)."""
         if not choice.explore:
             self.ceiling = choice.ceiling
         self._schedule_probes(choice, drafted, accepted)
@@ -245,21 +263,21 @@ class BatchCost:
         self.rounds += 1
         if not drafted or measured_ms <= 0:
             return
-        width = max(drafted) + 1
-        if width not in self.warm:  # cold: untimed still, so the width's next round is its first timing
-            self.warm.add(width)
+        key = shape(drafted, span)
+        if key not in self.warm:  # cold: untimed still, so the shape's next round is its first timing
+            self.warm.add(key)
             return
-        fresh = self.rounds - self.timed.get(width, -(1 << 30)) > self.stale_after  # untimed, or long ago
-        self.timed[width] = self.rounds
-        current = self.ratio(width)
+        fresh = self.rounds - self.timed.get(key, -(1 << 30)) > self.stale_after  # untimed, or long ago
+        self.timed[key] = self.rounds
+        current = self.ratio(key[1], key[0])
         profiled = self.round_ms(drafted, drafting, context, span) / current
         if profiled <= 0:
             return
         if fresh:  # its first timing (in a while) as measured: what it borrowed was a guess
-            self.ratios[width] = measured_ms / profiled
+            self.ratios[key] = measured_ms / profiled
         else:
             bounded = min(max(measured_ms / profiled, 0.5 * current), 2.0 * current)
-            self.ratios[width] = self.decay * current + (1 - self.decay) * bounded
+            self.ratios[key] = self.decay * current + (1 - self.decay) * bounded
 
     def joined(self) -> None:
         """A row joined the batch: its draft has nothing to catch up on yet and its acceptance is a prior,
