@@ -694,3 +694,37 @@ def test_a_round_is_priced_by_the_slots_its_rows_span():
         choice = cost.choose([0, 0], [lambda k: 1.0 + 0.5 * k] * 2, [False] * 2, [True] * 2, span=8)
         cost.observe(choice, [0, 0], [True, True], None, cost.round_ms([0] * 8), [0, 0], span=8)
     assert cost.ratio(1, 8) == pytest.approx(1.0)
+
+
+def test_a_burst_does_not_start_drafting_while_its_prompts_are_still_prefilling(zoo):
+    """A burst joins one prefill a round: the batch grows every round, and a row that starts drafting there
+    first feeds its draft the prompt, for a batch that may go plain once all have joined (native pair,
+    waves of 8: auto drafted at 2-7 rows, went plain at 8, and ran at 0.92 of plain batching with the prompts
+    still waiting delayed by every slower round). While any request is prefilling, no row's draft catches up;
+    once the burst has joined, rows draft (here drafting pays at every size)."""
+    from test_greedy_equality import drafting_pays
+
+    from specrt.tuning.batchcost import BatchCost
+
+    engine = drafting_pays(specrt.load(zoo.target(), zoo.target(), max_batch=MAX_BATCH))
+    scheduler, draft = engine.scheduler, engine.scheduler.runner.draft
+    cost = scheduler.batch_cost = BatchCost(*_compute_bound_profiles(per_position=0.1))  # width nearly free
+    observe = cost.observe
+    cost.observe = lambda choice, drafted, drafting, context, ms, accepted, span: observe(
+        choice, drafted, drafting, context, accepted=accepted, span=span
+    )  # its decisions, not the toy models' timings
+    rounds = []  # per drafting round: whether a request was prefilling, and the farthest a drafting row was behind
+    propose = scheduler.runner.propose
+
+    def watched(rows, *args, **kwargs):
+        if rows:
+            prefilling = any(r.state == "prefilling" for r in scheduler.running)
+            rounds.append((prefilling, max(len(r.tokens) - draft.kv.rows[r.slot].length for r, _ in rows)))
+        return propose(rows, *args, **kwargs)
+
+    scheduler.runner.propose = watched
+    jobs = [(p, GenerationOptions(max_new_tokens=48, ignore_eos=True)) for p in prompts(MAX_BATCH)]
+    out = run_concurrently(engine, jobs, fill=True)
+    assert all(g.stats.drafted > 0 for g in out), [g.stats for g in out]  # every row drafted once joined
+    assert not [behind for prefilling, behind in rounds if prefilling and behind > 2], rounds
+    assert engine.stats["batch_sizes"].get(MAX_BATCH, 0) >= 3, engine.stats  # the burst ran as one batch
