@@ -693,7 +693,7 @@ def test_a_round_is_priced_by_the_slots_its_rows_span():
     for _ in range(4):  # plain rounds of 2 rows over 8 slots, timed at what 8 rows cost: nothing to correct
         choice = cost.choose([0, 0], [lambda k: 1.0 + 0.5 * k] * 2, [False] * 2, [True] * 2, span=8)
         cost.observe(choice, [0, 0], [True, True], None, cost.round_ms([0] * 8), [0, 0], span=8)
-    assert cost.ratio(1, 8) == pytest.approx(1.0)
+    assert cost.ratio(8, 1) == pytest.approx(1.0)
 
 
 def test_a_burst_does_not_start_drafting_while_its_prompts_are_still_prefilling(zoo):

@@ -186,7 +186,7 @@ def test_a_batch_learns_that_wide_rounds_cost_more_than_profiled():
         return ceilings
 
     drift = rounds(10, lambda w: 2 * 40.0)  # everything 2x slower: the choice stays
-    assert drift == [3] * 10 and cost.ratio(4, 4) > 1.5 and cost.ratio(1, 4) == cost.ratio(4, 4)  # borrowed
+    assert drift == [3] * 10 and cost.ratio(4, 4) > 1.5 and cost.ratio(4, 1) == cost.ratio(4, 4)  # borrowed
     learned = rounds(80, lambda w: 40.0 * (1 + 0.9 * (w - 1)))  # a wide pass costs what it computes
     assert learned[0] == 3 and learned[-1] == 0, learned  # at acceptance 0.6 plain batching wins
     assert sorted(cost.timed) == [(4, w) for w in (1, 2, 3, 4)]  # every width timed, by a few exploring rounds
@@ -236,7 +236,7 @@ def test_what_a_batch_learned_at_4_rows_does_not_price_8_rows():
     assert rounds(20, 4, 1)[-10:] == [1] * 10  # drafting pays at 4 rows
     at_8 = rounds(80, 8, 1)
     assert at_8[-30:] == [0] * 30, at_8  # 8 rows timed plain at their own size and went plain
-    assert cost.ratio(1, 8) == pytest.approx(1.0) and cost.ratio(1, 4) == pytest.approx(1.4)
+    assert cost.ratio(8, 1) == pytest.approx(1.0) and cost.ratio(4, 1) == pytest.approx(1.4)
 
 
 def test_a_batch_where_plain_wins_explores_only_next_to_it():

@@ -158,7 +158,7 @@ class Scheduler:
         if prefilling:
             self._guarded([prefilling[0]], lambda: self._prefill(prefilling[0], alone=not decoding))
         if decoding:
-            self._guarded(decoding, lambda: self._round(decoding))
+            self._guarded(decoding, lambda: self._round(decoding, joining=bool(prefilling)))
         for i, r in enumerate(self.slots):
             if r is not None and r.state == "finished":
                 self._release(i, r.stats.finish_reason or "cancelled")
@@ -181,9 +181,10 @@ class Scheduler:
             r.state = "running"
             r.commit([first])
 
-    def _round(self, rows: list[Request]) -> None:
+    def _round(self, rows: list[Request], joining: bool = False) -> None:
+        """One round over the decoding rows; joining: requests are still prefilling (they join next rounds)."""
         plans = [self._plan(r, alone=len(rows) == 1) for r in rows]
-        if any(r.state == "prefilling" for r in self.running):  # they join in the next rounds
+        if joining:
             plans = [p.capped(0) if self._entry_fee(r, p) else p for r, p in zip(rows, plans, strict=True)]
         context = max(len(r.tokens) for r in rows)  # the batched passes attend every row over the longest
         span = _span([r.slot for r in rows])  # ... and compute every slot of the rows' range
@@ -331,15 +332,18 @@ class Scheduler:
         choice prices the catch-up (`_catch_up_ms`) at the batch's real size."""
         if plan.drafter != MODEL or not plan.k or r.options.num_draft_tokens is not None:
             return False
-        return len(r.tokens) - self.runner.draft.kv.rows[r.slot].length > 2
+        return self._behind(r) > 2
+
+    def _behind(self, r: Request) -> int:
+        """Tokens of row r's context its draft has not been fed (1-2 after a round it drafted in)."""
+        return len(r.tokens) - self.runner.draft.kv.rows[r.slot].length
 
     def _missed(self, r: Request) -> int:
         """Output tokens row r's draft sat out (plain rounds it did not draft in) and the runner will feed it
         before its first draft step: all it lacks but the last one or two, less the prompt's part."""
-        held = self.runner.draft.kv.rows[r.slot].length
-        if len(r.tokens) - held <= 2:  # it kept up: fed with the round's first step
+        if self._behind(r) <= 2:  # it kept up: fed with the round's first step
             return 0
-        return max(0, len(r.tokens) - 1 - max(held, len(r.prompt)))
+        return max(0, len(r.tokens) - 1 - max(self.runner.draft.kv.rows[r.slot].length, len(r.prompt)))
 
     @staticmethod
     def _stops_early(r: Request) -> bool:

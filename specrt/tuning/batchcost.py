@@ -134,9 +134,9 @@ class BatchCost:
             for j in range(1, width):
                 rows = sum(1 for k, d in zip(ks, drafting, strict=True) if d and k >= j)
                 ms += self.draft(rows, 1, context) if rows else 0.0
-        return ms * self.ratio(width, slots)
+        return ms * self.ratio(slots, width)
 
-    def ratio(self, width: int, slots: int) -> float:
+    def ratio(self, slots: int, width: int) -> float:
         """Live / profiled time of rounds whose pass computes `slots` rows `width` wide: learned; else from the
         widths learned at that many slots (at the nearest count that has some, where none): from two or more,
         the straight line through them (a profile that misjudges the cost of width misjudges it in
@@ -269,7 +269,7 @@ class BatchCost:
             return
         fresh = self.rounds - self.timed.get(key, -(1 << 30)) > self.stale_after  # untimed, or long ago
         self.timed[key] = self.rounds
-        current = self.ratio(key[1], key[0])
+        current = self.ratio(*key)
         profiled = self.round_ms(drafted, drafting, context, span) / current
         if profiled <= 0:
             return
