@@ -207,12 +207,15 @@ def test_block_symmetry_and_lm_head_choices(zoo):
 @pytest.mark.parametrize("arch", ["granite", "olmo2", "phi3", "gemma2", "gemma3_text"])
 def test_new_architectures_speculate_losslessly(zoo, arch, quant):
     """A target of the architecture and its noisy draft (Granite's scalings, OLMo 2's post-norms and full q/k
-    norms, Phi-3's fused projections): speculative output equals target-only output, fp32 and int4, drafts
-    checked and some rejected."""
+    norms, Phi-3's fused projections): speculative output equals target-only output, drafts checked and some
+    rejected. fp32 exactly; int4 (accuracy level 4) may part only at a near-tie of the target, as on the real
+    bundles (test_real): its 1-token and (k+1)-token passes run different kernels, and on a CPU without
+    AVX-512 (Zen 3) the OLMo 2 int4 target parted at token 17, top-2 margin 0.010."""
     from test_greedy_equality import PROMPTS, drafting_pays
 
     import specrt
     from specrt import GenerationOptions
+    from specrt.decoding.divergence import NEAR_TIE, divergence
 
     zoo.checkpoint(f"{arch}-target", arch, layers=2, seed=12)
     zoo.checkpoint(f"{arch}-noisy", noise_from=f"{arch}-target", noise=0.05, seed=2)
@@ -221,9 +224,14 @@ def test_new_architectures_speculate_losslessly(zoo, arch, quant):
     engine = drafting_pays(specrt.load(target, draft))
     drafted = accepted = 0
     for prompt in PROMPTS[:6]:
-        base = engine.complete(prompt, GenerationOptions(max_new_tokens=24, num_draft_tokens=0, ignore_eos=True))
-        spec = engine.complete(prompt, GenerationOptions(max_new_tokens=24, num_draft_tokens=3, ignore_eos=True))
-        assert spec.token_ids == base.token_ids, (arch, quant, prompt)
+        ids = engine.encode(prompt)
+        base = engine.complete(ids, GenerationOptions(max_new_tokens=24, num_draft_tokens=0, ignore_eos=True))
+        spec = engine.complete(ids, GenerationOptions(max_new_tokens=24, num_draft_tokens=3, ignore_eos=True))
+        if quant == "int4" and spec.token_ids != base.token_ids:
+            parted = divergence(engine.target, ids, list(base.token_ids), list(spec.token_ids))
+            assert parted["top2_margin"] < NEAR_TIE, (arch, quant, prompt, parted)
+        else:
+            assert spec.token_ids == base.token_ids, (arch, quant, prompt)
         drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
     assert 0 < accepted < drafted
 
