@@ -222,6 +222,51 @@ def test_full_acceptance_and_backoff_reset():
     assert play(m, 4, 100) > 0 and m.backoff == 8  # ... so the next dry spell is probed soon again
 
 
+def test_an_accepted_probe_is_followed_by_another_at_once():
+    """A probe whose drafts were all accepted probes again the next round (its draft is caught up, so the next
+    costs no catch-up): a run of them lifts a pessimistic estimate (a prior from prose) to where drafting
+    pays, where one probe every `probe_after` rounds moved it too little before the missed tokens made probing
+    too dear (int4 pair on a Zen 3 CPU: a code prompt at 93% acceptance ran plain to its end). A rejection
+    waits `probe_after` rounds at least."""
+    target = {s: 50 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 20, alpha=0.6)
+    m.acceptance.prior_weight = 2.0  # learnable
+    timing = {"draft_ms": 20.0, "target_ms": lambda k: target[k + 1]}
+    whys = []
+    for _ in range(16):
+        whys.append(m.choose(4, 100).why)
+        play(m, 4, 100, accept=lambda k: k, **timing)  # every draft accepted
+    first = whys.index("probe")
+    assert whys[:first] == ["idle"] * 7 and first == 7
+    assert "idle" not in whys[first:] and whys[-1] == "pays", whys  # probes back to back, until drafting pays
+    m.acceptance = AcceptanceEstimate(prior=0.6, prior_weight=1e9)  # a dry spell after that
+    picks = [play(m, 4, 100, accept=lambda k: 0, **timing) for _ in range(8)]
+    assert picks[:7] == [0] * 7 and picks[7] > 0 and m.backoff == 16  # a rejected probe waits, doubling
+
+
+def test_the_price_of_a_catch_up_is_learned_from_timed_ones():
+    """The draft's catch-up is priced from the profile per 16-token chunk; the runner feeds up to 64 tokens a
+    run, and the price ran 1.5-2x the measured time. A catch-up timed in a round alone sets the price (the
+    first as measured, later ones smoothed); a batched round's does not."""
+    target = {s: 60 * (1 + 0.1 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 12, alpha=0.9)
+    m.steps.profiles[DRAFT] = flat_profile({1: 12.0, 16: 60.0})
+    assert m.catch_up_ms(16, 64) == pytest.approx(60) and m.catch_up_ms(32, 64) == pytest.approx(120)
+
+    def round_with(catch_up, alone=True):
+        outcome = Outcome(MODEL, 2, 2, 64, alone, target[3], 12.0, (), catch_up)
+        RequestCosts(Tuning(steps=m.steps), {MODEL: m}).observe({MODEL: Choice(2, "pays")}, outcome)
+
+    round_with((16, 30.0), alone=False)  # a batched round's catch-up prices the batch: not learned
+    assert m.catch_up_ms(16, 64) == pytest.approx(60)
+    round_with((16, 30.0))
+    assert m.catch_up_ms(16, 64) == pytest.approx(30) and m.catch_up_ms(32, 64) == pytest.approx(60)
+    round_with((16, 300.0))  # one odd timing moves it by at most 20%
+    assert m.catch_up_ms(16, 64) == pytest.approx(30 * (0.8 + 0.2 * 2))
+    round_with((0, 0.0))  # nothing fed: nothing learned
+    assert m.catch_up_ms(16, 64) == pytest.approx(36)
+
+
 def test_profile_keeps_contexts_past_the_buffer(zoo):
     session = ModelSession(__import__("specrt").open_bundle(zoo.target()), SessionOptions(allow_spinning=False))
     prof = measure(session, widths=[1, 2], contexts=[10**6], reps=1)

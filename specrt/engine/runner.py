@@ -41,8 +41,9 @@ class Runner:
     def __init__(self, target: ModelSession, draft: ModelSession | None, decider):
         self.target, self.draft, self.decider = target, draft, decider
         # Milliseconds the last `propose` spent catching draft slots up: a cost of switching drafting back
-        # on after rounds without it, not of the round's k (the batch's cost model must not learn it as such).
-        self.catch_up_ms = 0.0
+        # on after rounds without it, not of the round's k (the batch's cost model must not learn it as such),
+        # and the tokens it fed (a round alone teaches the step costs what a catch-up really costs).
+        self.catch_up_ms, self.catch_up_tokens = 0.0, 0
         # Milliseconds the last `target_pass`'s verification spent inside ONNX Runtime (the sampler graph:
         # not the model's pass, which is what profiles time, but runtime all the same in a request's stats).
         self.decide_ms = 0.0
@@ -69,7 +70,7 @@ class Runner:
         """Up to k tokens per (request, k); more(request, k, confidences) may end a row's drafting early where
         early(request) says it may (elsewhere a row drafts exactly k, unasked)."""
         out = {r.id: Proposal() for r, _ in rows}
-        self.catch_up_ms = 0.0
+        self.catch_up_ms, self.catch_up_tokens = 0.0, 0
         if not rows:
             return out
         kv = self.draft.kv
@@ -81,6 +82,7 @@ class Runner:
                 start = kv.rows[r.slot].length
                 self.draft.run_logits([r.slot], [r.tokens[start : start + n]], [1])  # logits unread
                 behind -= n
+                self.catch_up_tokens += n
         self.catch_up_ms = 1000 * (time.perf_counter() - t0)
         active = {r.id: (r, k, early(r)) for r, k in sorted(rows, key=lambda rk: rk[0].slot)}  # slot order
         feed = {r.id: r.tokens[kv.rows[r.slot].length :] for r, _ in rows}  # the last 1-2 tokens

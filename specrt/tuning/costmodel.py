@@ -14,6 +14,7 @@ it pays (removing it costs more than 3% of tokens/s on the real pair: results/la
   rounds (backing off to `max_backoff` while probes fail) one round drafts the fewest tokens that could pay
   at an optimistic acceptance, at least one: a prompt that turns repetitive, or a draft that is faster than
   believed, is noticed, and a prompt where drafting never pays spends well under 1% of its rounds on probes;
+  a probe whose drafts were all accepted is followed by another at once (a run of them costs no catch-up);
 - **timing plain decoding**: drafting is a bet against plain decoding, so when no plain step has been timed
   for `plain_every` rounds and drafting promises less than `plain_margin` over it, one round decodes plain
   (a run that drafts from its first round otherwise prices plain steps from verify passes through the
@@ -91,6 +92,7 @@ class Outcome:
     target_ms: float
     draft_step_ms: float | None = None  # mean time of one draft step (None: not measured)
     confidences: tuple[float, ...] = ()  # the draft's probability of each drafted token
+    catch_up: tuple[int, float] = (0, 0.0)  # tokens the draft was fed before its first step (missed ones), ms
 
 
 class CostModel:
@@ -110,6 +112,7 @@ class CostModel:
         self.calibration = calibration if calibration is not None else ConfidenceCalibration()
         self.idle = 0  # rounds in a row that did not draft because it does not pay
         self.backoff = policy.probe_after  # idle rounds before the next probe
+        self.again = False  # the last round was a probe whose drafts were all accepted: probe again at once
 
     # ------------------------------------------------------------------ queries
 
@@ -144,7 +147,7 @@ class CostModel:
             if stale and rates[k] < (1 + policy.plain_margin) * rates[0]:
                 return Choice(0, "timing")
             return Choice(k, "pays", rates[k], self._stretch(k, k_cap, alone))
-        if self.backoff is not None and self.idle + 1 >= self.backoff:
+        if self.backoff is not None and (self.again or self.idle + 1 >= self.backoff):
             if catch_up and catch_up > policy.probe_budget * remaining / rates[0]:  # a probe must stay a small bet
                 return Choice(0, "behind")
             j = self._probe_width(k_cap, context, rates[0])
@@ -205,6 +208,7 @@ class CostModel:
         """This drafter chose `choice`; `outcome` is the round it drafted (None: another drafter drafted, or
         the batch's ceiling cut it to nothing). Drafts after the first rejection were never tested and teach
         nothing."""
+        self.again = False
         if choice.why == "idle":
             self.idle += 1
         elif choice.why in ("pays", "probe"):
@@ -217,8 +221,18 @@ class CostModel:
         for i, confidence in enumerate(outcome.confidences[: outcome.accepted + 1]):
             self.calibration.update(confidence, i < outcome.accepted)
         if choice.why == "probe" and self.backoff is not None:
+            # A probe whose drafts were all accepted is followed at once by another: its draft is caught up, so
+            # the next costs no catch-up, and a run of them moves an estimate that one cannot (one accepted
+            # probe moved a_1 from 0.77 to 0.81 where k = 1 paid from about 0.85; eight plain rounds later the
+            # catch-up was too dear to probe again, and a code prompt at 93% acceptance ran plain to its end).
+            # A run that ends in a rejection before drafting pays doubles the wait, as one failed probe does:
+            # where drafting does not pay, dry spells are probed ever more rarely, runs or not.
+            # Only while the estimate is below what a probe hopes for: above it a run teaches acceptance nothing
+            # (drafting then loses on its costs, which one probe in a dry spell re-measures).
             full = outcome.accepted == outcome.k
-            self.backoff = self.policy.probe_after if full else min(2 * self.backoff, self.policy.max_backoff)
+            self.again = full and self.acceptance.rate(0) < self.policy.probe_acceptance
+            if not full:
+                self.backoff = min(2 * self.backoff, self.policy.max_backoff)
 
 
 class RequestCosts:
@@ -238,6 +252,9 @@ class RequestCosts:
             if outcome.drafter == MODEL and outcome.k and outcome.draft_step_ms is not None:
                 steps.observe(DRAFT, 1, outcome.context, outcome.draft_step_ms)
             steps.observe(TARGET, outcome.k + 1, outcome.context, outcome.target_ms)
+            fed, catch_up_ms = outcome.catch_up
+            if outcome.drafter == MODEL and fed > 0:
+                steps.observe_catch_up(fed, outcome.context, catch_up_ms)
         for name, choice in choices.items():
             self.models[name].observe(choice, outcome if outcome.drafter == name else None)
 

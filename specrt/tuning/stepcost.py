@@ -1,7 +1,7 @@
 """What the target's and the draft's forwards cost now: a measured profile, times the machine's live speed,
 times a learned ratio per kind of forward.
 
-One `StepCosts` per engine, shared by every request (it describes the machine, not the text). Three things
+One `StepCosts` per engine, shared by every request (it describes the machine, not the text). Four things
 are learned from live timings, each for a reason:
 - **The machine's speed** (live / profiled time of the target's plain 1-token steps): a machine that got
   faster or slower (clock, a neighbour's load) changes every forward, not only the kind last observed.
@@ -19,6 +19,11 @@ are learned from live timings, each for a reason:
   speed with a right profile). After that each estimate moves by at most a factor of 2 of itself per
   observation, smoothed (`decay`): one odd timing (a page fault, a neighbour's burst) moves it by at most
   20%, a lasting change wins within rounds.
+- **What a catch-up costs**, a ratio of its own: the draft's forward over the tokens it missed (rounds it sat
+  out) is priced from the profile per `CATCH_UP_WIDTH`-token chunk, while the runner feeds up to 64 tokens a
+  run, so the price ran 1.5-2x the measured time (int4 0.5B draft on a Zen 3 CPU: 8 tokens 49-60 ms against
+  88 priced, 16 tokens 87-93 against 144). A dear price keeps a request that went plain from ever probing
+  again, since each plain round adds a token to the catch-up (costmodel.py: `probe_budget`).
 Observations come only from rounds that ran alone (a batched pass prices the batch, not a row).
 
 Learning corrects the estimates but not the file: the next engine would start from the same wrong profile.
@@ -74,10 +79,25 @@ class StepCosts:
         return self.profiles[model](width, context) * self.speed * self.ratio(model, _kind(width))
 
     def catch_up_ms(self, tokens: int, context: int) -> float:
-        """The draft's forward over `tokens` it missed, priced per chunk at the widest profiled width (the
-        cheapest per token the profiles know; the runner's chunks are wider still, so this errs high)."""
+        """The draft's forward over `tokens` it missed: the profile's price (`_catch_up_profiled`) times the
+        machine's speed and the catch-ups' learned ratio (before one is seen: the draft steps')."""
+        return self._catch_up_profiled(tokens, context) * self.speed * self.ratio(DRAFT, "catch-up")
+
+    def _catch_up_profiled(self, tokens: int, context: int) -> float:
+        """Per chunk at the widest profiled width (the cheapest per token the profiles know; the runner's
+        chunks are wider still, so this errs high until a catch-up is timed)."""
+        if tokens <= 0 or self.profiles[DRAFT] is None:
+            return 0.0
         chunk = min(tokens, CATCH_UP_WIDTH)
-        return self.ms(DRAFT, chunk, context) * tokens / chunk if tokens > 0 else 0.0
+        return self.profiles[DRAFT](chunk, context) * tokens / chunk
+
+    def observe_catch_up(self, tokens: int, context: int, ms: float) -> None:
+        """The draft was fed `tokens` it had missed in `ms` (in a round that ran alone), at `context`."""
+        profiled = self._catch_up_profiled(tokens, context) * self.speed
+        if not (self.learn and profiled > 0 and ms > 0):
+            return
+        key, live = (DRAFT, "catch-up"), ms / profiled
+        self.ratios[key] = live if key not in self.ratios else self._smooth(self.ratios[key], live)
 
     def observe(self, model: str, width: int, context: int, ms: float) -> None:
         """A forward of `width` new tokens after `context` took `ms` (in a round that ran alone)."""
