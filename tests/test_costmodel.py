@@ -247,7 +247,8 @@ def test_an_accepted_probe_is_followed_by_another_at_once():
 def test_the_price_of_a_catch_up_is_learned_from_timed_ones():
     """The draft's catch-up is priced from the profile per 16-token chunk; the runner feeds up to 64 tokens a
     run, and the price ran 1.5-2x the measured time. A catch-up timed in a round alone sets the price (the
-    first as measured, later ones smoothed); a batched round's does not."""
+    first as measured, later ones smoothed, never above the price before any was timed); a batched round's
+    does not."""
     target = {s: 60 * (1 + 0.1 * (s - 1)) for s in range(1, 10)}
     m = model_with(target, 12, alpha=0.9)
     m.steps.profiles[DRAFT] = flat_profile({1: 12.0, 16: 60.0})
@@ -265,6 +266,9 @@ def test_the_price_of_a_catch_up_is_learned_from_timed_ones():
     assert m.catch_up_ms(16, 64) == pytest.approx(30 * (0.8 + 0.2 * 2))
     round_with((0, 0.0))  # nothing fed: nothing learned
     assert m.catch_up_ms(16, 64) == pytest.approx(36)
+    m.steps.ratios.pop((DRAFT, "catch-up"))
+    round_with((16, 600.0))  # a first timing 10x the price (a cold shape): never priced above the old price
+    assert m.catch_up_ms(16, 64) == pytest.approx(60)
 
 
 def test_profile_keeps_contexts_past_the_buffer(zoo):

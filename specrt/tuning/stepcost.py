@@ -23,7 +23,8 @@ are learned from live timings, each for a reason:
   out) is priced from the profile per `CATCH_UP_WIDTH`-token chunk, while the runner feeds up to 64 tokens a
   run, so the price ran 1.5-2x the measured time (int4 0.5B draft on a Zen 3 CPU: 8 tokens 49-60 ms against
   88 priced, 16 tokens 87-93 against 144). A dear price keeps a request that went plain from ever probing
-  again, since each plain round adds a token to the catch-up (costmodel.py: `probe_budget`).
+  again, since each plain round adds a token to the catch-up (costmodel.py: `probe_budget`); so the learned
+  price may lower the old one, never raise it (`catch_up_ms`).
 Observations come only from rounds that ran alone (a batched pass prices the batch, not a row).
 
 Learning corrects the estimates but not the file: the next engine would start from the same wrong profile.
@@ -80,8 +81,13 @@ class StepCosts:
 
     def catch_up_ms(self, tokens: int, context: int) -> float:
         """The draft's forward over `tokens` it missed: the profile's price (`_catch_up_profiled`) times the
-        machine's speed and the catch-ups' learned ratio (before one is seen: the draft steps')."""
-        return self._catch_up_profiled(tokens, context) * self.speed * self.ratio(DRAFT, "catch-up")
+        machine's speed and the catch-ups' learned ratio, never above the draft steps' (the price before any
+        catch-up was timed). A dearer price is never believed: at one stream it makes every probe wait for a
+        catch-up it cannot afford, and only a drafting round times a catch-up again, so one slow timing (a
+        cold first run of a new shape, a neighbour's burst) would keep a request plain for good; suspected in
+        results/trust/batch-s25-avx2-c1, where auto ran 508 of 508 rounds plain."""
+        ratio = min(self.ratio(DRAFT, "catch-up"), self.ratio(DRAFT, "plain"))
+        return self._catch_up_profiled(tokens, context) * self.speed * ratio
 
     def _catch_up_profiled(self, tokens: int, context: int) -> float:
         """Per chunk at the widest profiled width (the cheapest per token the profiles know; the runner's
