@@ -57,7 +57,7 @@ class Times:
     target_ms: float
     alone: bool  # one row: the times are its own forwards
     decide_ms: float = 0.0  # the verification's own graph run (inside ONNX Runtime, beside the target pass)
-    catch_up: tuple[int, float] = (0, 0.0)  # alone: tokens the draft was fed before drafting (it missed them), ms
+    catch_up: tuple[int, float] = (0, 0.0)  # tokens the draft was fed before drafting (it missed them), ms
 
 
 class Scheduler:
@@ -210,11 +210,9 @@ class Scheduler:
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, (n, nxt) in zip(rows, plans, decided, strict=True):
-            drafted_here = p.drafter == MODEL and p.k
-            row_draft_ms = draft_ms if drafted_here else 0.0
-            alone = len(rows) == 1
-            caught_up = (self.runner.catch_up_tokens, self.runner.catch_up_ms) if alone and drafted_here else (0, 0.0)
-            times = Times(row_draft_ms, target_ms, alone, self.runner.decide_ms, caught_up)
+            row_draft_ms = draft_ms if p.drafter == MODEL and p.k else 0.0
+            caught_up = (self.runner.catch_up_tokens, self.runner.catch_up_ms)  # learned from rounds alone only
+            times = Times(row_draft_ms, target_ms, len(rows) == 1, self.runner.decide_ms, caught_up)
             self._settle(r, p, n, nxt, times)
 
     def _batch_choice(self, rows: list[Request], plans: list[Plan], context: int, span: int) -> BatchChoice | None:

@@ -221,14 +221,13 @@ class CostModel:
         for i, confidence in enumerate(outcome.confidences[: outcome.accepted + 1]):
             self.calibration.update(confidence, i < outcome.accepted)
         if choice.why == "probe" and self.backoff is not None:
-            # A probe whose drafts were all accepted is followed at once by another: its draft is caught up, so
-            # the next costs no catch-up, and a run of them moves an estimate that one cannot (one accepted
-            # probe moved a_1 from 0.77 to 0.81 where k = 1 paid from about 0.85; eight plain rounds later the
-            # catch-up was too dear to probe again, and a code prompt at 93% acceptance ran plain to its end).
-            # A run that ends in a rejection before drafting pays doubles the wait, as one failed probe does:
-            # where drafting does not pay, dry spells are probed ever more rarely, runs or not.
-            # Only while the estimate is below what a probe hopes for: above it a run teaches acceptance nothing
-            # (drafting then loses on its costs, which one probe in a dry spell re-measures).
+            # A probe whose drafts were all accepted is followed at once by another, while the estimate is below
+            # what a probe hopes for: its draft is caught up, so the next costs no catch-up, and a run of them
+            # moves an estimate that one cannot (one accepted probe moved a_1 from 0.77 to 0.81 where k = 1
+            # paid from about 0.85; eight plain rounds later the catch-up was too dear to probe again, and a
+            # code prompt at 93% acceptance ran plain to its end). Above the hope a run teaches acceptance
+            # nothing (drafting then loses on its costs, which one probe per dry spell re-measures). A run that
+            # ends in a rejection doubles the wait, as one failed probe does.
             full = outcome.accepted == outcome.k
             self.again = full and self.acceptance.rate(0) < self.policy.probe_acceptance
             if not full:
