@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -26,8 +27,8 @@ def flat_profile(ms_per_width: dict[int, float]) -> CostProfile:
 def model_with(
     target: dict[int, float], draft_ms: float | None, alpha: float, policy: Policy | None = None
 ) -> CostModel:
-    # plain_every off by default: these tests are about other decisions (the plain check has its own test)
-    policy = policy if policy is not None else Policy(plain_every=None)
+    # plain_every and widen_every off by default: these tests are about other decisions (each has its own test)
+    policy = policy if policy is not None else Policy(plain_every=None, widen_every=None)
     acceptance = AcceptanceEstimate(prior=alpha, prior_weight=1e9)  # pinned: no learning in these tests
     draft = flat_profile({1: draft_ms, 2: draft_ms}) if draft_ms is not None else None
     steps = StepCosts(flat_profile(target), draft)
@@ -244,6 +245,73 @@ def test_an_accepted_probe_is_followed_by_another_at_once():
     assert picks[:7] == [0] * 7 and picks[7] > 0 and m.backoff == 16  # a rejected probe waits, doubling
 
 
+def test_a_timed_width_and_a_rounds_first_draft_step_are_priced_apart():
+    """A wide pass is priced by its own width's ratio once timed warm (its first run is cold and only marks it
+    warm; an untimed width borrows the wide passes' ratio), and a round's first draft step apart from the
+    later ones (which borrow its price until timed)."""
+    shape = {1: 40.0, 2: 54.0, 3: 74.0, 4: 90.0}
+    cost = StepCosts(flat_profile(shape), flat_profile({1: 14.0, 2: 14.0}))
+    for _ in range(3):
+        cost.observe(TARGET, 1, 64, 40.0)
+    cost.observe(TARGET, 2, 64, 3 * 54.0)  # width 2's cold first run
+    for _ in range(30):
+        cost.observe(TARGET, 2, 64, 1.2 * 54)  # the width k = 1 runs: 1.2x its profile
+    cost.observe(TARGET, 4, 64, 3 * 90.0)  # a cold first run of width 4
+    assert cost.ms(TARGET, 4, 64) == pytest.approx(1.2 * 90, rel=0.03)  # not 3x: borrowed from the wide passes
+    for _ in range(30):
+        cost.observe(TARGET, 4, 64, 0.9 * 90)
+    assert cost.ms(TARGET, 4, 64) == pytest.approx(0.9 * 90, rel=0.03)
+    assert cost.ms(TARGET, 2, 64) == pytest.approx(1.2 * 54, rel=0.03)  # each width its own
+    assert cost.since_timed(4) == 0 and cost.since_timed(3) > 1000
+    for _ in range(20):
+        cost.observe(DRAFT, 1, 64, 19.0, first=True)
+    assert cost.draft_round_ms(3, 64) == pytest.approx(3 * 19.0, rel=0.03)  # later steps not timed: as the first
+    for _ in range(20):
+        cost.observe(DRAFT, 1, 64, 14.0)
+    assert cost.draft_round_ms(3, 64) == pytest.approx(19.0 + 2 * 14.0, rel=0.03)
+
+
+def mean_k_on_a_cheap_wide_pass(widen_every: int | None, seed: int = 0, rounds: int = 300) -> float:
+    """Tokens drafted per round alone over the last 100 of `rounds`: acceptance 0.99, a target whose plain
+    steps run 1.075x their profile, width 2 1.14x, every wider pass as profiled, a draft whose first step of
+    a round costs 19 ms and later ones 14 (the int4 pair on a Zen 3 CPU, results/trust/batch-s26-avx2).
+    Learned from k = 1 rounds alone, k = 3 is priced 3 x 19 + t(4) at width 2's ratio: 159 ms against its
+    136.6, and loses to k = 1 (80.6 ms) at the acceptance the estimate reads; priced right it runs ~15%
+    faster."""
+    rng = random.Random(seed)
+    shape = (1, 1.35, 1.86, 2.24, 2.73, 3.03, 3.4, 3.8, 4.2)
+    profile = {w: 40 * f for w, f in zip(range(1, 10), shape, strict=True)}
+    true = {**profile, 1: 43.0, 2: 1.14 * profile[2]}  # plain steps 1.075x their profile
+    steps = StepCosts(flat_profile(profile), flat_profile({1: 14.0, 2: 14.0}))
+    m = CostModel(steps, MODEL, AcceptanceEstimate(), policy=Policy(plain_every=None, widen_every=widen_every))
+    costs = RequestCosts(Tuning(steps=steps), {MODEL: m})
+    drafted = []
+    for _ in range(rounds):
+        c = m.choose(8, 100)
+        confidences = [0.97] if c.k else []
+        while c.k and len(confidences) < c.ceiling:  # the scheduler's draft loop: a widened round drafts it all
+            if c.why != "widen" and not m.keep_drafting(confidences, c.ceiling, 100):
+                break
+            confidences.append(0.97)
+        k = len(confidences)
+        accepted = 0
+        while accepted < k and rng.random() < 0.99:
+            accepted += 1
+        first, mean = (19.0, (19.0 + 14.0 * (k - 1)) / k) if k else (None, None)
+        outcome = Outcome(MODEL if k else None, k, accepted, 100, True, true[k + 1], mean, tuple(confidences))
+        costs.observe({MODEL: c}, dataclasses.replace(outcome, draft_first_ms=first))
+        drafted.append(k)
+    return sum(drafted[-100:]) / 100
+
+
+def test_a_widened_round_times_what_k_1_never_runs_and_k_climbs():
+    """Rounds of k = 1 time one width and one draft step, and price every k from them; one round in
+    `widen_every` drafts its whole stretch to time a wider pass and later draft steps. Without it auto stays
+    at k = 1 where k = 3 pays (as on the int4 pair at one stream); with it k climbs."""
+    assert mean_k_on_a_cheap_wide_pass(None) < 1.5
+    assert mean_k_on_a_cheap_wide_pass(32) > 2.5
+
+
 def test_the_price_of_a_catch_up_is_learned_from_timed_ones():
     """The draft's catch-up is priced from the profile per 16-token chunk; the runner feeds up to 64 tokens a
     run, and the price ran 1.5-2x the measured time. A catch-up timed in a round alone sets the price (the
@@ -369,7 +437,9 @@ def test_a_kind_not_yet_seen_borrows_the_other_scale():
     for _ in range(40):
         cost.observe(TARGET, 1, 64, 150.0)  # only plain steps so far, all 1.5x the profile
     assert cost.ms(TARGET, 2, 64) == pytest.approx(180, rel=0.02)  # the wide pass is assumed as slow
-    cost.observe(TARGET, 2, 64, 120.0)  # ... until one is seen: it starts from there and moves toward its own
+    cost.observe(TARGET, 2, 64, 120.0)  # a width's first run is cold: it prices nothing
+    assert cost.ms(TARGET, 2, 64) == pytest.approx(180, rel=0.02)
+    cost.observe(TARGET, 2, 64, 120.0)  # ... until one is timed warm: it starts from there and moves toward its own
     assert cost.ms(TARGET, 1, 64) == pytest.approx(150, rel=0.02) and cost.ms(TARGET, 2, 64) < 180
 
 

@@ -35,6 +35,7 @@ class Proposal:
     lookup: bool = False  # prompt lookup's proposal (one-hot q), not the draft model's
     confidences: list[float] = field(default_factory=list)  # the draft's probability of each token
     step_ms: float | None = None  # mean time of the batched 1-2 token steps this row took part in
+    first_ms: float | None = None  # the first of them (it feeds 1-2 tokens into caches the target just used)
 
 
 class Runner:
@@ -114,6 +115,8 @@ class Runner:
             ms, n = 1000 * (time.perf_counter() - t0), len(tokens)
             for i, (r, k, stops) in enumerate(order):
                 p = out[r.id]
+                if not taken[r.id]:
+                    p.first_ms = ms / n
                 spent[r.id] += ms
                 taken[r.id] += n
                 p.tokens += [t[i] for t in tokens]

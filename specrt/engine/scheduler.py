@@ -40,6 +40,12 @@ class Plan:
     room: int = 0  # the most tokens the row's drafter could draft this round (how wide a batch's probe may go)
 
     @property
+    def widens(self) -> bool:
+        """The model drafts its whole ceiling this round, to time a wider pass (`Choice.why` "widen")."""
+        choice = self.choices.get(MODEL)
+        return self.drafter == MODEL and choice is not None and choice.why == "widen"
+
+    @property
     def drafts_with(self) -> str | None:
         """The drafter of the row's drafts, chosen or, for a batch's probe, spare."""
         return self.drafter or self.spare
@@ -194,7 +200,10 @@ class Scheduler:
             plans = [p.capped(k) for p, k in zip(plans, batch.ks, strict=True)]
         t0 = time.perf_counter()
         drafting = [(r, p.k) for r, p in zip(rows, plans, strict=True) if p.drafter == MODEL and p.k]
-        proposals = self.runner.propose(drafting, self._keep_drafting, self._stops_early)
+        widening = {r.id for r, p in zip(rows, plans, strict=True) if p.widens}  # the whole ceiling, unasked
+        proposals = self.runner.propose(
+            drafting, self._keep_drafting, lambda r: r.id not in widening and self._stops_early(r)
+        )
         draft_ms = 1000 * (time.perf_counter() - t0)
         for r, p in zip(rows, plans, strict=True):
             if p.drafter == MODEL and p.k:
@@ -250,6 +259,7 @@ class Scheduler:
                 proposal.step_ms,
                 tuple(proposal.confidences),
                 times.catch_up,
+                proposal.first_ms,
             )
             r.costs.observe(plan.choices, outcome)
         r.commit([*drafted[:n], nxt])

@@ -19,6 +19,12 @@ it pays (removing it costs more than 3% of tokens/s on the real pair: results/la
   for `plain_every` rounds and drafting promises less than `plain_margin` over it, one round decodes plain
   (a run that drafts from its first round otherwise prices plain steps from verify passes through the
   profile's t(2)/t(1): 1.17 profiled, 1.6 in the loop for the int4 target; k = 1 at 97% ran at 0.87x);
+- **widening** (`widen_every`): rounds time only what they run, so a request drafting k = 1 knows one verify
+  width and one draft step, and prices every other k from them and the profile. Once no pass of the widest
+  width a round may reach (k + `stretch` + 1) has been timed for `widen_every` target passes, a round alone
+  drafts its whole ceiling, the early stop off: it times that width and the later draft steps, and tests
+  positions past k (int4 pair on a Zen 3 CPU at one stream: auto stayed at k = 1 where k = 3 ran 1.07-1.25x
+  faster, k = 3 priced 11% dear from k = 1 rounds; results/trust/batch-s26-avx2);
 - **early stop** (`keep_drafting`): the chosen k is a ceiling for a draft model; after each draft token, its
   calibrated confidence says whether going on promises more than verifying now. It depends on the draft
   alone, so verification stays exact. A round that runs alone may go `stretch` (2) past the chosen k while
@@ -56,6 +62,7 @@ class Policy:
     probe_acceptance: float = 0.95
     plain_every: int | None = 32  # None: never decode plain just to time it
     plain_margin: float = 0.3
+    widen_every: int | None = 32  # None: never widen a round just to time a wider pass
     early_stop: bool = True
     weigh_missed: bool = True
     probe_budget: float = 0.02  # a probe may spend this share of the plain decoding time left catching up
@@ -69,7 +76,8 @@ class Choice:
 
     k: int
     why: str  # "pays", "probe", "idle" (does not pay), "timing" (a plain step to time), "none" (k_cap 0),
-    # "behind" (pays per round, not its draft's catch-up over the tokens left)
+    # "behind" (pays per round, not its draft's catch-up over the tokens left), "widen" (pays, and drafts its
+    # whole ceiling to time a wider pass: the early stop is off for the round)
     rate: float = 0.0
     stretch: int = 0
 
@@ -93,6 +101,7 @@ class Outcome:
     draft_step_ms: float | None = None  # mean time of one draft step (None: not measured)
     confidences: tuple[float, ...] = ()  # the draft's probability of each drafted token
     catch_up: tuple[int, float] = (0, 0.0)  # tokens the draft was fed before its first step (missed ones), ms
+    draft_first_ms: float | None = None  # the round's first draft step (None: not measured apart)
 
 
 class CostModel:
@@ -116,15 +125,16 @@ class CostModel:
 
     # ------------------------------------------------------------------ queries
 
-    def draft_ms(self, context: int) -> float:
-        return self.steps.ms(DRAFT, 1, context) if self.drafter == MODEL else 0.0  # prompt lookup is free
+    def draft_ms(self, k: int, context: int) -> float:
+        """A round's k draft steps (prompt lookup is free)."""
+        return self.steps.draft_round_ms(k, context) if self.drafter == MODEL else 0.0
 
     def tokens_per_ms(self, k: int, context: int, acceptance: float | None = None) -> float:
         if acceptance is None:
             expected = self.acceptance.expected_tokens(k)
         else:
             expected = sum(acceptance**i for i in range(k + 1))  # 1 + a + ... + a^k
-        return expected / (k * self.draft_ms(context) + self.steps.ms(TARGET, k + 1, context))
+        return expected / (self.draft_ms(k, context) + self.steps.ms(TARGET, k + 1, context))
 
     def choose(
         self, k_cap: int, context: int, alone: bool = True, missed: int = 0, remaining: int | None = None
@@ -146,7 +156,11 @@ class CostModel:
             stale = alone and policy.plain_every is not None and self.steps.rounds_since_plain >= policy.plain_every
             if stale and rates[k] < (1 + policy.plain_margin) * rates[0]:
                 return Choice(0, "timing")
-            return Choice(k, "pays", rates[k], self._stretch(k, k_cap, alone))
+            stretch = self._stretch(k, k_cap, alone)
+            wide = k + stretch + 1  # the widest pass this round may run
+            if stretch and policy.widen_every is not None and self.steps.since_timed(wide) >= policy.widen_every:
+                return Choice(k, "widen", rates[k], stretch)
+            return Choice(k, "pays", rates[k], stretch)
         if self.backoff is not None and (self.again or self.idle + 1 >= self.backoff):
             if catch_up and catch_up > policy.probe_budget * remaining / rates[0]:  # a probe must stay a small bet
                 return Choice(0, "behind")
@@ -192,13 +206,12 @@ class CostModel:
         for confidence in confidences:
             survive *= self.calibration.rate(confidence)
             expected += survive
-        step = self.draft_ms(context)
-        now = expected / (j * step + self.steps.ms(TARGET, j + 1, context))
+        now = expected / (self.draft_ms(j, context) + self.steps.ms(TARGET, j + 1, context))
         rates = self.acceptance.rates(k)
         for m in range(j + 1, k + 1):
             survive *= rates[m - 1]
             expected += survive
-            if expected / (m * step + self.steps.ms(TARGET, m + 1, context)) > now:
+            if expected / (self.draft_ms(m, context) + self.steps.ms(TARGET, m + 1, context)) > now:
                 return True
         return False
 
@@ -211,9 +224,9 @@ class CostModel:
         self.again = False
         if choice.why == "idle":
             self.idle += 1
-        elif choice.why in ("pays", "probe"):
+        elif choice.why in ("pays", "widen", "probe"):
             self.idle = 0
-            if choice.why == "pays":  # speculation pays on its own evidence: probe the next dry spell soon
+            if choice.why != "probe":  # speculation pays on its own evidence: probe the next dry spell soon
                 self.backoff = self.policy.probe_after
         if outcome is None or outcome.k == 0:
             return
@@ -249,13 +262,23 @@ class RequestCosts:
         steps = self.tuning.steps
         if outcome.alone and steps is not None:
             if outcome.drafter == MODEL and outcome.k and outcome.draft_step_ms is not None:
-                steps.observe(DRAFT, 1, outcome.context, outcome.draft_step_ms)
+                self._observe_draft(outcome)
             steps.observe(TARGET, outcome.k + 1, outcome.context, outcome.target_ms)
             fed, catch_up_ms = outcome.catch_up
             if outcome.drafter == MODEL and fed > 0:
                 steps.observe_catch_up(fed, outcome.context, catch_up_ms)
         for name, choice in choices.items():
             self.models[name].observe(choice, outcome if outcome.drafter == name else None)
+
+    def _observe_draft(self, outcome: Outcome) -> None:
+        """The round's draft steps: the first apart from the later ones (their mean), where timed apart."""
+        steps, k, first, mean = self.tuning.steps, outcome.k, outcome.draft_first_ms, outcome.draft_step_ms
+        if first is None:
+            steps.observe(DRAFT, 1, outcome.context, mean)
+            return
+        steps.observe(DRAFT, 1, outcome.context, first, first=True)
+        if k > 1:
+            steps.observe(DRAFT, 1, outcome.context, (k * mean - first) / (k - 1))
 
     def retire(self) -> None:
         """The request is over: what it learned of acceptance is the next request's prior."""

@@ -12,7 +12,16 @@ are learned from live timings, each for a reason:
 - **A ratio per kind** of forward against that speed: the target's wide (verify) passes, the draft's steps.
   Drafting and verifying alternate two models on the same cores, so a verify pass runs with caches the draft
   has just evicted; learning one scale from both would make plain decoding look as slow as that and
-  speculation win on paper. A kind not yet seen borrows its model's other kind's ratio.
+  speculation win on paper. A kind not yet seen borrows its model's other kind's ratio. Two kinds are finer:
+  the target's wide passes also get a ratio per width, and the draft's first step of a round one apart from
+  its later steps. From k = 1 rounds alone one wide ratio and one draft step priced k = 3 11% above what it
+  ran (int4 pair, Zen 3 CPU: a width-2 pass at 1.14x its profile, width 4 at 1.05x; the first draft step,
+  which feeds 1-2 tokens into caches the target pass has just used, 19.2 ms, the later ones 14.4), so auto
+  stayed at k = 1 where k = 3 ran 1.07-1.25x faster (results/trust/batch-s26-avx2). A width's first run in
+  the engine is cold (ONNX Runtime's first run of a shape) and only marks it warm; until a width is timed
+  it borrows the wide passes' ratio, later draft steps borrow the first step's. What is never run is never
+  timed: the cost model widens a round now and then to time what it would otherwise only extrapolate
+  (costmodel.py: `Policy.widen_every`, `since_timed`).
 - **Live timings over stored ones**: the first live timing of each kind replaces the profile's estimate
   outright (a profile measured while another job took the cores can be 5-10x off: with one stored 5x too
   slow for the draft, bounded smoothing needed ~15 probes to correct it, and auto k ran at 0.75x of its
@@ -59,6 +68,9 @@ class StepCosts:
         self.ratios: dict[tuple[str, str], float] = {}  # (model, kind) -> live / (profile * speed)
         self.rounds_since_plain = 1 << 30  # target passes since the last plain step (none yet: "forever")
         self.seen: Counter[str] = Counter()  # observations per model
+        self.passes = 0  # target passes observed
+        self.timed: dict[int, int] = {}  # target width -> `passes` when it was last timed
+        self.warm: set[int] = set()  # target widths timed once (a width's first run is cold, not its price)
 
     def live_factor(self, model: str) -> float:
         """Live / profiled time of this model's steps as learned so far (1.0: as profiled)."""
@@ -70,14 +82,30 @@ class StepCosts:
         return [m for m in (TARGET, DRAFT) if self.seen[m] >= SETTLED and not 1 / WRONG <= self.live_factor(m) <= WRONG]
 
     def ratio(self, model: str, kind: str) -> float:
+        """Live / (profile x speed) of a kind of forward: the target's "plain", "wide" or "wide:W" (width W),
+        the draft's "first" (a round's first step), "plain" (its later steps), "wide" or "catch-up". A kind
+        not learned yet borrows: a target width the wide passes' ratio, a draft kind the later steps', then the
+        first step's."""
         if (model, kind) == (TARGET, "plain"):
             return 1.0
-        other = "wide" if kind == "plain" else "plain"
-        default = 1.0 if model == TARGET else self.ratios.get((model, other), 1.0)
-        return self.ratios.get((model, kind), default)
+        fallbacks = (kind, "wide") if model == TARGET else (kind, "plain", "first", "wide")
+        return next((self.ratios[model, k] for k in fallbacks if (model, k) in self.ratios), 1.0)
 
     def ms(self, model: str, width: int, context: int) -> float:
-        return self.profiles[model](width, context) * self.speed * self.ratio(model, _kind(width))
+        kind = f"wide:{width}" if model == TARGET and width > 1 else _kind(width)
+        return self.profiles[model](width, context) * self.speed * self.ratio(model, kind)
+
+    def draft_round_ms(self, k: int, context: int) -> float:
+        """The draft's k steps of a round: the first (dearer: it feeds 1-2 tokens into caches the target pass
+        has just used) and k - 1 later ones."""
+        if k <= 0 or self.profiles[DRAFT] is None:
+            return 0.0
+        step = self.profiles[DRAFT](1, context) * self.speed
+        return step * (self.ratio(DRAFT, "first") + (k - 1) * self.ratio(DRAFT, "plain"))
+
+    def since_timed(self, width: int) -> int:
+        """Target passes observed since one of `width` was timed (never: "forever")."""
+        return self.passes - self.timed[width] if width in self.timed else 1 << 30
 
     def catch_up_ms(self, tokens: int, context: int) -> float:
         """The draft's forward over `tokens` it missed: the profile's price (`_catch_up_profiled`) times the
@@ -102,17 +130,22 @@ class StepCosts:
         profiled = self._catch_up_profiled(tokens, context) * self.speed
         if not (self.learn and profiled > 0 and ms > 0):
             return
-        key, live = (DRAFT, "catch-up"), ms / profiled
-        self.ratios[key] = live if key not in self.ratios else self._smooth(self.ratios[key], live)
+        self._learn((DRAFT, "catch-up"), ms / profiled)
 
-    def observe(self, model: str, width: int, context: int, ms: float) -> None:
-        """A forward of `width` new tokens after `context` took `ms` (in a round that ran alone)."""
+    def observe(self, model: str, width: int, context: int, ms: float, first: bool = False) -> None:
+        """A forward of `width` new tokens after `context` took `ms` (in a round that ran alone); first: the
+        draft's first step of its round."""
         profiled = self.profiles[model](width, context) if self.profiles[model] is not None else 0.0
         if not (self.learn and profiled > 0 and ms > 0):
             return
-        live, kind = ms / profiled, _kind(width)
+        live, kind = ms / profiled, "first" if first else _kind(width)
         self.seen[model] += 1
         if model == TARGET:
+            self.passes += 1
+            self.timed[width] = self.passes
+            if width > 1 and width not in self.warm:  # a cold first run: it prices nothing
+                self.warm.add(width)
+                return
             self.rounds_since_plain = 0 if kind == "plain" else self.rounds_since_plain + 1
             if kind == "plain" and self.speed_from != "plain":
                 if self.speed_from == "wide":  # keep the wide passes' measured estimate
@@ -120,13 +153,16 @@ class StepCosts:
                 self.speed, self.speed_from = live, "plain"
                 return
             if kind == "plain" or self.speed_from != "plain":
-                first = self.speed_from is None  # the first live timing: as measured
-                self.speed, self.speed_from = live if first else self._smooth(self.speed, live), kind
+                initial = self.speed_from is None  # the first live timing: as measured
+                self.speed, self.speed_from = live if initial else self._smooth(self.speed, live), kind
                 return
-        if (model, kind) not in self.ratios:  # this kind's first live timing: as measured, not smoothed
-            self.ratios[model, kind] = live / self.speed
-        else:
-            self.ratios[model, kind] = self._smooth(self.ratios[model, kind], live / self.speed)
+        self._learn((model, kind), live / self.speed)
+        if model == TARGET:  # and the width's own
+            self._learn((TARGET, f"wide:{width}"), live / self.speed)
+
+    def _learn(self, key: tuple[str, str], ratio: float) -> None:
+        """A kind's first live timing as measured, not smoothed; later ones smoothed."""
+        self.ratios[key] = ratio if key not in self.ratios else self._smooth(self.ratios[key], ratio)
 
     def _smooth(self, current: float, observed: float) -> float:
         bounded = min(max(observed, 0.5 * current), 2.0 * current)
