@@ -153,7 +153,7 @@ class CostModel:
         if k and catch_up and remaining * (1 / rates[0] - 1 / rates[k]) <= catch_up:
             return Choice(0, "behind")
         if k:
-            stale = alone and policy.plain_every is not None and self.steps.rounds_since_plain >= policy.plain_every
+            stale = alone and policy.plain_every is not None and self.steps.since_timed(1) >= policy.plain_every
             if stale and rates[k] < (1 + policy.plain_margin) * rates[0]:
                 return Choice(0, "timing")
             stretch = self._stretch(k, k_cap, alone)

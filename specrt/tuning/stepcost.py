@@ -18,8 +18,9 @@ are learned from live timings, each for a reason:
   ran (int4 pair, Zen 3 CPU: a width-2 pass at 1.14x its profile, width 4 at 1.05x; the first draft step,
   which feeds 1-2 tokens into caches the target pass has just used, 19.2 ms, the later ones 14.4), so auto
   stayed at k = 1 where k = 3 ran 1.07-1.25x faster (results/trust/batch-s26-avx2). A width's first run in
-  the engine is cold (ONNX Runtime's first run of a shape) and only marks it warm; until a width is timed
-  it borrows the wide passes' ratio, later draft steps borrow the first step's. What is never run is never
+  the engine is cold (ONNX Runtime's first run of a shape) and only marks it warm; a width's ratio starts
+  from the wide passes' and moves by the bounded smoothing (taken as measured, one noisy width-3 timing
+  priced k = 2 1.2x dear: results/trust/widen), later draft steps borrow the first step's. What is never run is never
   timed: the cost model widens a round now and then to time what it would otherwise only extrapolate
   (costmodel.py: `Policy.widen_every`, `since_timed`).
 - **Live timings over stored ones**: the first live timing of each kind replaces the profile's estimate
@@ -66,7 +67,6 @@ class StepCosts:
         self.speed = 1.0  # live / profiled time of the target's plain steps
         self.speed_from: str | None = None  # the kind that set the speed: None (the profile), "wide", "plain"
         self.ratios: dict[tuple[str, str], float] = {}  # (model, kind) -> live / (profile * speed)
-        self.rounds_since_plain = 1 << 30  # target passes since the last plain step (none yet: "forever")
         self.seen: Counter[str] = Counter()  # observations per model
         self.passes = 0  # target passes observed
         self.timed: dict[int, int] = {}  # target width -> `passes` when it was last timed
@@ -146,7 +146,6 @@ class StepCosts:
             if width > 1 and width not in self.warm:  # a cold first run: it prices nothing
                 self.warm.add(width)
                 return
-            self.rounds_since_plain = 0 if kind == "plain" else self.rounds_since_plain + 1
             if kind == "plain" and self.speed_from != "plain":
                 if self.speed_from == "wide":  # keep the wide passes' measured estimate
                     self.ratios[TARGET, "wide"] = self.speed / live
@@ -157,7 +156,8 @@ class StepCosts:
                 self.speed, self.speed_from = live if initial else self._smooth(self.speed, live), kind
                 return
         self._learn((model, kind), live / self.speed)
-        if model == TARGET:  # and the width's own
+        if model == TARGET:  # and the width's own, from the wide passes' (one noisy timing moves it 20% at most)
+            self.ratios.setdefault((TARGET, f"wide:{width}"), self.ratio(TARGET, "wide"))
             self._learn((TARGET, f"wide:{width}"), live / self.speed)
 
     def _learn(self, key: tuple[str, str], ratio: float) -> None:
