@@ -245,6 +245,43 @@ def test_an_accepted_probe_is_followed_by_another_at_once():
     assert picks[:7] == [0] * 7 and picks[7] > 0 and m.backoff == 16  # a rejected probe waits, doubling
 
 
+def short_requests_drafted(policy: Policy, requests: int = 6, tokens: int = 64) -> list[int]:
+    """Requests of `tokens` output tokens one after another through one engine's `Tuning`, as the scheduler
+    runs them alone: the draft misses the output of the rounds it sits out and must be fed them before it
+    drafts. Every draft is accepted; the first request starts from a prior of 0.69. Tokens drafted per request."""
+    target = {s: 40 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}  # int4-like: a wide pass is dear
+    draft = flat_profile({1: 14.0, 16: 100.0})  # 7 missed tokens: 48 ms to catch up
+    tuning = Tuning(steps=StepCosts(flat_profile(target), draft, learn=False), policy=policy)
+    tuning.priors[MODEL] = AcceptanceEstimate(prior=0.69)
+    drafted = []
+    for _ in range(requests):
+        costs, produced, fed, total = tuning.for_request([MODEL]), 1, 0, 0  # the prefill gave the first token
+        while produced < tokens:
+            missed = produced - 1 - fed if produced - fed > 2 else 0  # the scheduler's `_missed`, past the prompt
+            choice = costs.models[MODEL].choose(4, 100 + produced, True, missed, tokens - produced)
+            k = min(choice.k, tokens - produced - 1)
+            outcome = Outcome(MODEL if k else None, k, k, 100 + produced, True, target[k + 1], 14.0 if k else None)
+            costs.observe({MODEL: choice}, outcome)
+            produced, total = produced + k + 1, total + k
+            fed = produced - 1 if k else fed
+        costs.retire()
+        drafted.append(total)
+    return drafted
+
+
+def test_short_requests_under_a_pessimistic_prior_still_probe():
+    """A probe refused for its catch-up is refused for the rest of the request (each plain round adds a missed
+    token and takes one from the tokens left), and a request that never drafts hands its prior on unchanged:
+    with the 2% budget alone, 64-token requests under a prior of 0.69 never drafted, one after another, where
+    every draft would have been accepted (the int4 pair at one stream on a Zen 3 CPU: 14 of 16 requests).
+    What drafting could save at the hoped acceptance lets the first due probe through; the run of accepted
+    probes then lifts the estimate and drafting pays, and the next request starts from that."""
+    old = short_requests_drafted(Policy(plain_every=None, widen_every=None, probe_share=None))
+    assert old == [0] * 6  # the trap: not one probe
+    new = short_requests_drafted(Policy(plain_every=None, widen_every=None))
+    assert all(new) and new[-1] > 40, new  # every request drafts; the last from its first round
+
+
 def test_a_timed_width_and_a_rounds_first_draft_step_are_priced_apart():
     """A wide pass is priced by its own width's ratio once timed warm (its first run is cold and only marks it
     warm; an untimed width borrows the wide passes' ratio), and a round's first draft step apart from the
