@@ -1,6 +1,7 @@
 """`specrt serve` with `CostModel.choose` hooked: one line per row-round to /tmp/serve-trace.log (the symbol as in
 ../ab.py, context, alone, missed, tokens left, a_1, the catch-up price). Started by drive.py."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from specrt.cli import main  # noqa: E402
 from specrt.tuning import costmodel  # noqa: E402
 
 _choose = costmodel.CostModel.choose
-out = open("/tmp/serve-trace.log", "w")  # noqa: SIM115 - open for the server's life
+out = open(f"/tmp/serve-trace-{os.getpid()}.log", "w")  # noqa: SIM115 - open for the server's life
 
 
 def traced(self, k_cap, context, alone=True, missed=0, remaining=None):
