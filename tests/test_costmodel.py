@@ -282,6 +282,26 @@ def test_short_requests_under_a_pessimistic_prior_still_probe():
     assert all(new) and new[-1] > 40, new  # every request drafts; the last from its first round
 
 
+def test_drafting_that_pays_less_than_its_catch_up_is_a_dry_spell_a_probe_may_end():
+    """k = 1 paying by a thin margin (a_1 0.755 on an int4-like pair) after a round the draft sat out: one missed
+    token's catch-up is more than k = 1 saves over 62 tokens, so the round is "behind". That was a verdict for
+    the rest of the request (each round adds a missed token), which learned nothing and handed its prior on
+    unchanged (the first request of each server trace in results/trust/probe-stake: `tbbbb...`). Now it is a dry
+    spell: after `probe_after` rounds a probe weighs its catch-up like any other."""
+    target = {s: 40 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}
+    m = model_with(target, 14, alpha=0.755)
+    m.steps.profiles[DRAFT] = flat_profile({1: 14.0, 16: 100.0})
+    assert m.choose(4, 100).k == 1  # it pays, barely, with nothing to catch up
+    whys = []
+    for produced in range(2, 64):  # the draft sat out the first round: it misses every token since
+        choice = m.choose(4, 100 + produced, True, produced - 1, 64 - produced)
+        m.observe(choice, None)
+        whys.append(choice.why)
+        if choice.why == "probe":
+            break
+    assert whys[0] == "behind" and whys[-1] == "probe" and len(whys) == 8, whys
+
+
 def test_a_timed_width_and_a_rounds_first_draft_step_are_priced_apart():
     """A wide pass is priced by its own width's ratio once timed warm (its first run is cold and only marks it
     warm; an untimed width borrows the wide passes' ratio), and a round's first draft step apart from the

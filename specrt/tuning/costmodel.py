@@ -34,7 +34,8 @@ it pays (removing it costs more than 3% of tokens/s on the real pair: results/la
   plain rounds of a batch) must feed it every output token it missed before drafting again; drafting must
   save more than that over the tokens left (a probe: cost at most `probe_budget` of the plain decoding time
   left, or `probe_share` of what drafting would save there at the hoped acceptance: a short request under a
-  pessimistic prior still probes once). It keeps a row that finishes its batch alone from paying a draft
+  pessimistic prior still probes once; drafting that pays per round but not its catch-up is a dry spell like
+  any other, so such a probe may end it). It keeps a row that finishes its batch alone from paying a draft
   prefill of its whole output for its last few tokens. The prompt's own catch-up (a request's first
   drafting round) is not weighed: it is the entry fee of any drafting, and weighing it against one
   generation's savings estimated from a prior kept fresh requests from ever drafting, so never learning
@@ -153,8 +154,9 @@ class CostModel:
         rates = {k: self.tokens_per_ms(k, context) for k in range(k_cap + 1)}
         k = max(rates, key=lambda j: (rates[j], -j))  # ties: the smaller k
         catch_up = self.catch_up_ms(missed, context) if remaining is not None else 0.0
-        if k and catch_up and remaining * (1 / rates[0] - 1 / rates[k]) <= catch_up:
-            return Choice(0, "behind")
+        behind = bool(k and catch_up and remaining * (1 / rates[0] - 1 / rates[k]) <= catch_up)
+        if behind:  # pays per round, not its catch-up: a dry spell like any other, which a probe may end
+            k = 0
         if k:
             stale = alone and policy.plain_every is not None and self.steps.since_timed(1) >= policy.plain_every
             if stale and rates[k] < (1 + policy.plain_margin) * rates[0]:
@@ -169,7 +171,7 @@ class CostModel:
                 return Choice(0, "behind")
             j = self._probe_width(k_cap, context, rates[0])
             return Choice(j, "probe", rates[j])
-        return Choice(0, "idle")
+        return Choice(0, "behind" if behind else "idle")
 
     def _probe_stake(self, k_cap: int, context: int, plain_rate: float, remaining: int) -> float:
         """The most a probe may spend catching its draft up (a probe must stay a small bet): `probe_budget` of
@@ -244,7 +246,7 @@ class CostModel:
         the batch's ceiling cut it to nothing). Drafts after the first rejection were never tested and teach
         nothing."""
         self.again = False
-        if choice.why == "idle":
+        if choice.why in ("idle", "behind"):  # behind: a dry spell too (the next probe still weighs its catch-up)
             self.idle += 1
         elif choice.why in ("pays", "widen", "probe"):
             self.idle = 0
