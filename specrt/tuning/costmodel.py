@@ -167,13 +167,14 @@ class CostModel:
                 return Choice(k, "widen", rates[k], stretch)
             return Choice(k, "pays", rates[k], stretch)
         if self.backoff is not None and (self.again or self.idle + 1 >= self.backoff):
-            if catch_up and catch_up > self._probe_stake(k_cap, context, rates[0], remaining):
+            hoped = {j: self.tokens_per_ms(j, context, policy.probe_acceptance) for j in range(1, k_cap + 1)}
+            if catch_up and catch_up > self._probe_stake(hoped, rates[0], remaining):
                 return Choice(0, "behind")
-            j = self._probe_width(k_cap, context, rates[0])
+            j = self._probe_width(hoped, rates[0])
             return Choice(j, "probe", rates[j])
         return Choice(0, "behind" if behind else "idle")
 
-    def _probe_stake(self, k_cap: int, context: int, plain_rate: float, remaining: int) -> float:
+    def _probe_stake(self, hoped: dict[int, float], plain_rate: float, remaining: int) -> float:
         """The most a probe may spend catching its draft up (a probe must stay a small bet): `probe_budget` of
         the plain decoding time left, or `probe_share` of what drafting would save over it at the acceptance a
         probe hopes for, whichever is more. A refused probe is refused for the rest of the request (each plain
@@ -188,8 +189,7 @@ class CostModel:
         plain = remaining / plain_rate
         stake = self.policy.probe_budget * plain
         if self.policy.probe_share:
-            hoped = max(self.tokens_per_ms(j, context, self.policy.probe_acceptance) for j in range(1, k_cap + 1))
-            stake = max(stake, self.policy.probe_share * (plain - remaining / hoped))
+            stake = max(stake, self.policy.probe_share * (plain - remaining / max(hoped.values())))
         return stake
 
     def _stretch(self, k: int, k_cap: int, alone: bool) -> int:
@@ -208,13 +208,14 @@ class CostModel:
             return 0.0
         return self.steps.catch_up_ms(missed, context)
 
-    def _probe_width(self, k_cap: int, context: int, bar: float) -> int:
-        """The fewest drafts that could pay under the optimistic acceptance, and at least one: a probe also
+    @staticmethod
+    def _probe_width(hoped: dict[int, float], bar: float) -> int:
+        """The fewest drafts that could pay under the optimistic acceptance (`hoped`: tokens per ms per k at
+        `probe_acceptance`), and at least one: a probe also
         re-measures the draft's speed, so a cost that was misjudged (or has changed) cannot keep
         speculation off for good. A probe is a bet that usually fails; a wide one would cost a wide verify
         pass (on an int4 target t(9) is ~4 plain steps), a narrow one little more than a plain step."""
-        optimistic = self.policy.probe_acceptance
-        return next((j for j in range(1, k_cap + 1) if self.tokens_per_ms(j, context, optimistic) > bar), 1)
+        return next((j for j, rate in hoped.items() if rate > bar), 1)
 
     def keep_drafting(self, confidences: list[float], k: int, context: int) -> bool:
         """After drafting len(confidences) of at most k tokens (the draft's probability of each): draft another?
