@@ -440,6 +440,29 @@ def test_a_draft_profile_far_too_slow_is_corrected_by_the_first_probe():
     assert m.steps.ms(DRAFT, 1, 100) == pytest.approx(20.0, rel=0.01)
 
 
+def test_a_request_alone_probes_whatever_its_dry_spell_would_cost_to_catch_up(zoo):
+    """The output a request decodes alone before it first drafts is drafting's entry fee, like its prompt
+    (scheduler `_missed`), so its first due probe is not weighed against catching the draft up on it. Weighed,
+    64-token requests under a prior of 0.69, with a draft whose 7-token catch-up is priced 88 ms against a
+    probe's stake of 56, never drafted, one after another: each handed its prior on unchanged (the int4
+    pair alone on a Zen 3 CPU, at 48-59 ms against 45-60: results/trust/probe-stake)."""
+    import specrt
+    from specrt import GenerationOptions
+
+    engine = specrt.load(zoo.target(), zoo.target())  # the target drafting for itself: every draft accepted
+    target = {s: 40 * (1 + 0.4 * (s - 1)) for s in range(1, 10)}  # int4-like: a wide pass is dear
+    steps = StepCosts(flat_profile(target), flat_profile({1: 14.0, 16: 200.0}), learn=False)
+    engine.tuning = Tuning(steps=steps, policy=Policy(plain_every=None, widen_every=None))
+    engine.tuning.priors[MODEL] = AcceptanceEstimate(prior=0.69)
+    model = CostModel(steps, acceptance=AcceptanceEstimate(prior=0.69), policy=engine.tuning.policy)
+    hoped = {j: model.tokens_per_ms(j, 100, 0.95) for j in range(1, 5)}
+    assert model.catch_up_ms(7, 100) > model._probe_stake(hoped, model.tokens_per_ms(0, 100), 56)  # the trap
+    options = GenerationOptions(max_new_tokens=64, ignore_eos=True)
+    first, second = (engine.complete("def fibonacci(n):", options) for _ in range(2))
+    assert first.stats.drafted > 0 and first.stats.accepted == first.stats.drafted, first.stats
+    assert second.stats.drafted > first.stats.drafted  # it learned: the next request drafts sooner
+
+
 def test_draft_step_time_leaves_out_catch_up(zoo, monkeypatch):
     import time
 
@@ -681,6 +704,11 @@ def test_the_missed_output_counts_what_the_draft_sat_out_past_the_prompt(zoo):
     assert scheduler._missed(r) == 0
     r.tokens = prompt + list(range(5, 15))  # 10 output tokens decoded plain
     assert scheduler._missed(r) == 9  # all but the last: the round's first step feeds it
+    r.entry_output = 6  # the first six decoded alone before it ever drafted: entry fee, like the prompt
+    assert scheduler._missed(r) == 3  # the four decoded in a batch, less the last
+    draft.run_logits([0], [prompt[:20]], [1])  # a prefix kept in the slot from an earlier request: the same
+    assert scheduler._missed(r) == 3
+    draft.kv.rows[0].truncate(0)
     draft.run_logits([0], [r.tokens[:42]], [1])  # it drafted once, 5 tokens into the output
     assert scheduler._missed(r) == 4
     draft.run_logits([0], [r.tokens[42:46]], [1])  # kept up: the usual one or two

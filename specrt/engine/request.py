@@ -41,6 +41,9 @@ class Request:
         self.cancel = threading.Event()
         self.submitted = time.perf_counter()
         self.started: float | None = None  # first prefill chunk
+        # Output tokens decoded in rounds the row ran alone before its draft was first fed: part of drafting's
+        # entry fee, like the prompt (scheduler.py: `_missed`).
+        self.entry_output = 0
 
     @property
     def generated(self) -> int:

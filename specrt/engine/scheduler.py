@@ -262,6 +262,8 @@ class Scheduler:
                 proposal.first_ms,
             )
             r.costs.observe(plan.choices, outcome)
+        if times.alone and self.runner.draft is not None and not self._drafted(r):
+            r.entry_output += n + 1  # decoded alone, its draft never fed: entry fee (`_missed`)
         r.commit([*drafted[:n], nxt])
 
     def _roll_back(self, r: Request, k: int, n: int) -> None:
@@ -353,10 +355,25 @@ class Scheduler:
 
     def _missed(self, r: Request) -> int:
         """Output tokens row r's draft sat out (plain rounds it did not draft in) and the runner will feed it
-        before its first draft step: all it lacks but the last one or two, less the prompt's part."""
+        before its first draft step, which drafting must pay for: all it lacks but the last one or two, less
+        the entry fee. The entry fee is what any first drafting round of a request feeds: its prompt, and the
+        output it decoded alone before then (its own dry spell under the prior, which its first probe ends).
+        Weighing those against one generation's savings keeps a request from ever drafting, so from ever
+        learning: 64-token requests alone reached their first due probe with 7 tokens missed, priced 48-59
+        ms against a stake of 45-60, were refused for good and handed their prior on unchanged, so the next
+        request the same (results/trust/probe-stake). Output decoded while batched (a row that finishes its
+        batch alone) or since the row last drafted is weighed."""
         if self._behind(r) <= 2:  # it kept up: fed with the round's first step
             return 0
-        return max(0, len(r.tokens) - 1 - max(self.runner.draft.kv.rows[r.slot].length, len(r.prompt)))
+        fed = self.runner.draft.kv.rows[r.slot].length
+        paid = fed if self._drafted(r) else len(r.prompt) + r.entry_output
+        return max(0, len(r.tokens) - 1 - paid)
+
+    def _drafted(self, r: Request) -> bool:
+        """Whether row r's draft has been fed any of its output (it drafted in this request): before that its
+        slot holds at most a prefix of the prompt (a cache kept from an earlier request, `_admit`), after it
+        at least the prompt and a token."""
+        return self.runner.draft.kv.rows[r.slot].length > len(r.prompt)
 
     @staticmethod
     def _stops_early(r: Request) -> bool:

@@ -36,10 +36,11 @@ it pays (removing it costs more than 3% of tokens/s on the real pair: results/la
   left, or `probe_share` of what drafting would save there at the hoped acceptance: a short request under a
   pessimistic prior still probes once; drafting that pays per round but not its catch-up is a dry spell like
   any other, so such a probe may end it). It keeps a row that finishes its batch alone from paying a draft
-  prefill of its whole output for its last few tokens. The prompt's own catch-up (a request's first
-  drafting round) is not weighed: it is the entry fee of any drafting, and weighing it against one
-  generation's savings estimated from a prior kept fresh requests from ever drafting, so never learning
-  (results/trust/catch-up: 0.82x at one row).
+  prefill of its whole output for its last few tokens. The entry fee of any drafting is not weighed: a
+  request's first drafting round feeds its draft the prompt and the output it decoded alone until then (the
+  scheduler leaves both out of `missed`), and weighing them against one generation's savings estimated from
+  a prior kept fresh requests from ever drafting, so never learning (the prompt: results/trust/catch-up,
+  0.82x at one row; the output of the dry spell before a first probe: results/trust/probe-stake).
 A rule was measured not to pay and is gone: a 3% margin drafting had to promise over plain decoding (within
 1% on the int4 and native pairs, 8 prompts).
 This module knows nothing about sessions or the scheduler: it is handed numbers and asked questions.
