@@ -50,12 +50,17 @@ def prompts_of(which: str) -> list[tuple[str, bool]]:
 
 
 def main(repeats: int, tokens: int, which: str) -> None:
+    run({"old": load(None), "new": load(costmodel.Policy().probe_share)}, repeats, tokens, which)
+
+
+def run(engines: dict, repeats: int, tokens: int, which: str) -> None:
+    """ABBA per prompt over two engines named "old" and "new"; a line per request, then the summary."""
     costmodel.CostModel.choose = traced
-    engines = {"old": load(None), "new": load(costmodel.Policy().probe_share)}
     prompts, ignore_eos = prompts_of(which), which == "peers"
     for e in engines.values():
         e.complete(e.encode("def f(x):"), GenerationOptions(max_new_tokens=8))
     speeds = {name: [] for name in engines}
+    drafted = dict.fromkeys(engines, 0)
     for rep in range(repeats):
         for i, (text, chat) in enumerate(prompts):
             order = list(engines) if (rep * len(prompts) + i) % 2 == 0 else list(engines)[::-1]
@@ -65,13 +70,15 @@ def main(repeats: int, tokens: int, which: str) -> None:
                 g = engine.complete(engine.encode(text, chat=chat), options)
                 speed = g.stats.new_tokens / g.stats.total_s
                 speeds[name].append(speed)
+                drafted[name] += g.stats.drafted > 0
                 rounds = LOG[start:]
                 line = "".join(c for c, _ in rounds)
                 print(f"{rep} {i} {name} {speed:5.1f} a1={rounds[0][1]:.2f} {line}", flush=True)
     old, new = speeds["old"], speeds["new"]
     ratios = [n / o for n, o in zip(new, old, strict=True)]
     print(
-        f"mean tok/s old {statistics.mean(old):.2f} new {statistics.mean(new):.2f}; new / old per request: "
+        f"requests that drafted: old {drafted['old']} of {len(old)}, new {drafted['new']} of {len(new)}; mean "
+        f"tok/s old {statistics.mean(old):.2f} new {statistics.mean(new):.2f}; new / old per request: "
         f"median {statistics.median(ratios):.3f}, mean {statistics.mean(ratios):.3f}"
     )
 
