@@ -321,13 +321,13 @@ class Scheduler:
         Weighing those against one generation's savings keeps a request from ever drafting, so from ever
         learning: 64-token requests alone reached their first due probe with 7 tokens missed, priced 48-59
         ms against a stake of 45-60, were refused for good and handed their prior on unchanged, so the next
-        request the same (results/trust/probe-stake). Output decoded while batched (a row that finishes its
-        batch alone) or since the row last drafted is weighed."""
+        request the same (results/trust/probe-stake; leaving them out: results/trust/entry-fee). Output decoded
+        while batched (a row that finishes its batch alone) or since the row last drafted is weighed."""
         if self._behind(r) <= 2:  # it kept up: fed with the round's first step
             return 0
         fed = self.runner.draft.kv.rows[r.slot].length
-        paid = fed if self._drafted(r) else len(r.prompt) + r.entry_output
-        return max(0, len(r.tokens) - 1 - paid)
+        unweighed = fed if self._drafted(r) else len(r.prompt) + r.entry_output
+        return max(0, len(r.tokens) - 1 - unweighed)
 
     def _drafted(self, r: Request) -> bool:
         """Whether row r's draft has been fed any of its output (it drafted in this request): before that its
