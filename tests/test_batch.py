@@ -650,6 +650,75 @@ def test_a_batch_probes_the_rows_its_ceiling_keeps_from_drafting():
     assert not any(BatchCost(steep, steep_draft).choose([1, 1], [poor] * 2, [False] * 2, [True] * 2).ks)
 
 
+def test_rows_in_a_batch_draft_past_their_k_where_a_round_that_wide_could_pay():
+    """A batched row never tested positions past its k, so they followed the estimate before them (2 fp32 rows
+    at T = 0.7 drafted k = 2 where k = 5 ran 1.17-1.25x k = 3). A row the ceiling leaves at its own k may go
+    its stretch past it (the early stop decides how far), by as much as a round that wide could pay for at the
+    acceptance a probe hopes for; none where rows fill the cores, none past a ceiling that cut the row, none
+    for a fixed k."""
+    from specrt.tuning.batchcost import BatchCost
+
+    fair = lambda k: sum(0.9**i for i in range(k + 1))  # noqa: E731 - drafting pays at k = 2
+    cheap = _compute_bound_profiles(per_position=0.5)  # width costs little
+
+    def ks(profiles, rows: int, stretch: int = 2, wanted: int = 2, fixed=None, estimate=fair) -> list[int]:
+        fixed = fixed or [False] * rows
+        choice = BatchCost(*profiles).choose(
+            [wanted] * rows, [estimate] * rows, fixed, [True] * rows, stretch=[stretch] * rows
+        )
+        return choice.ks
+
+    assert ks(cheap, 2) == [4, 4] and ks(cheap, 8) == [4] * 8  # two past k = 2, for every row
+    assert ks(cheap, 2, stretch=0) == [2, 2]  # no stretch asked (a fixed ceiling, the early stop off)
+    assert ks(cheap, 2, fixed=[True, False]) == [2, 4]  # a fixed k drafts exactly k
+    dear = _compute_bound_profiles(per_position=2.0)  # each position of each row costs more
+    assert ks(dear, 2) == [4, 4]  # two rows: a wider round could pay
+    assert ks(dear, 8) == [2] * 8  # eight rows at their own k: a wider one could not, even at 95%
+    poor = lambda k: sum(0.7**i for i in range(k + 1))  # noqa: E731
+    assert ks(dear, 8, estimate=poor) == [1] * 8  # the ceiling cut the rows to 1: no stretch past it
+
+
+@pytest.mark.parametrize("stretch", [2, 0])
+def test_a_batched_row_sure_of_its_drafts_tests_the_positions_past_its_k(zoo, stretch):
+    """Through the scheduler: each row hands the batch the k it chose and its stretch, and drafts past its k
+    where the batch allows and its draft is sure. Two rows (the target drafting for itself, its confidence
+    calibrated as sure) choose k = 2 under a prior of 0.5; in batched rounds they draft past 2, and with the
+    policy's stretch at 0 never (as every batched row did before). The outputs are target-only greedy's."""
+    from test_greedy_equality import drafting_pays
+
+    from specrt.tuning.acceptance import AcceptanceEstimate
+    from specrt.tuning.batchcost import BatchCost
+    from specrt.tuning.costmodel import MODEL, Policy
+
+    engine = drafting_pays(specrt.load(zoo.target(), zoo.target(), max_batch=2))
+    engine.tuning.policy = Policy(plain_every=None, stretch=stretch)
+    engine.tuning.priors[MODEL] = AcceptanceEstimate(prior=0.5)  # k = 2 pays best under these step costs
+    calibration = engine.tuning.calibration
+    for edge in calibration.edges:  # the self-draft's drafts are all accepted, whatever its confidence
+        for _ in range(50):
+            calibration.update(edge + 0.001, True)
+    cost = engine.scheduler.batch_cost = BatchCost(*_compute_bound_profiles(per_position=0.1))  # width nearly free
+    rounds, choose, observe = [], cost.choose, cost.observe
+
+    def watched_choose(wanted, *args, **kwargs):
+        rounds.append([list(wanted)])
+        return choose(wanted, *args, **kwargs)
+
+    def watched_observe(choice, drafted, drafting, context, ms, accepted, span):
+        rounds[-1].append(list(drafted))
+        observe(choice, drafted, drafting, context, accepted=accepted, span=span)  # not the toy models' timings
+
+    cost.choose, cost.observe = watched_choose, watched_observe
+    jobs = [(p, GenerationOptions(max_new_tokens=32, ignore_eos=True)) for p in prompts(2)]
+    out = run_concurrently(engine, jobs, fill=True)
+    past = [(w, d) for w, d in rounds for wk, dk in zip(w, d, strict=True) if 0 < wk < dk]
+    assert sum(w == [2, 2] for w, _ in rounds) >= 1, rounds  # the rows chose k = 2 in a batched round
+    assert bool(past) == bool(stretch), rounds
+    for g, (prompt, _) in zip(out, jobs, strict=True):
+        plain = engine.complete(prompt, GenerationOptions(max_new_tokens=32, num_draft_tokens=0, ignore_eos=True))
+        assert g.token_ids == plain.token_ids
+
+
 def test_a_batch_whose_rows_start_pessimistic_finds_out_that_drafting_pays(zoo):
     """Two rows of a prompt the draft knows by heart (the target drafting for itself: every draft accepted)
     start from the previous request's poor acceptance, so neither drafts as if alone; their probes must reach
