@@ -38,19 +38,9 @@ def install_trace(log: list[dict]) -> None:
     traced: dict[int, dict] = {}  # id of the choice last logged -> its entry (the scheduler observes it next)
 
     def traced_choose(
-        self,
-        wanted,
-        expected,
-        fixed,
-        drafting,
-        context=None,
-        catch_up=None,
-        left=None,
-        room=None,
-        span=None,
-        stretch=None,
+        self, wanted, expected, fixed, drafting, context=None, catch_up=None, left=None, room=None, span=None
     ):
-        choice = choose(self, wanted, expected, fixed, drafting, context, catch_up, left, room, span, stretch)
+        choice = choose(self, wanted, expected, fixed, drafting, context, catch_up, left, room, span)
         if all(fixed):
             return choice
         n = len(wanted)
@@ -60,7 +50,6 @@ def install_trace(log: list[dict]) -> None:
             "context": context,
             "wanted": list(wanted),
             "room": list(room or []),
-            "stretch": list(stretch or []),
             "expected": [[round(e(k), 3) for k in range(4)] for e in expected],
             "catch_up": [round(c, 1) for c in (catch_up or [])],
             "ceiling_before": self.ceiling,

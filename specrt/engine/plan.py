@@ -21,12 +21,6 @@ class Plan:
     missed: int = 0  # output tokens the row's draft sat out (fed before its first draft step)
     spare: str | None = None  # a row that chose not to draft: the drafter a batch's probe would draft with
     room: int = 0  # the most tokens the row's drafter could draft this round (how wide a batch's probe may go)
-    stretch: int = 0  # of k, how many lie past the k the row chose (`Choice.stretch`: while its draft is sure)
-
-    @property
-    def chosen(self) -> int:
-        """The k the row chose, its stretch aside (what a batch's ceiling prices)."""
-        return self.k - self.stretch
 
     @property
     def widens(self) -> bool:

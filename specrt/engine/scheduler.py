@@ -158,8 +158,6 @@ class Scheduler:
         batch = self._batch_choice(rows, plans, context, span)
         if batch is not None:
             plans = [p.capped(k) for p, k in zip(plans, batch.ks, strict=True)]
-        elif len(rows) > 1:  # nothing prices a batched row's stretch: each drafts at most the k it chose
-            plans = [p.capped(p.chosen) if p.stretch else p for p in plans]
         t0 = time.perf_counter()
         drafting = [(r, p.k) for r, p in zip(rows, plans, strict=True) if p.drafter == MODEL and p.k]
         widening = {r.id for r, p in zip(rows, plans, strict=True) if p.widens}  # the whole ceiling, unasked
@@ -191,7 +189,7 @@ class Scheduler:
         if len(rows) == 1 or self.batch_cost is None:
             return None
         return self.batch_cost.choose(
-            [p.chosen for p in plans],
+            [p.k for p in plans],
             [self._expected(r, p.drafts_with) for r, p in zip(rows, plans, strict=True)],
             [r.options.num_draft_tokens is not None for r in rows],
             [p.drafts_with == MODEL for p in plans],
@@ -200,7 +198,6 @@ class Scheduler:
             max(r.remaining for r in rows),
             [p.room for p in plans],
             span,
-            [p.stretch for p in plans],
         )
 
     # ------------------------------------------------------------------ settling one row's round
@@ -269,7 +266,7 @@ class Scheduler:
         k_cap = min(r.remaining - 1, fixed if fixed is not None else options.max_draft_tokens)
         k_cap = min(k_cap, self.runner.target.max_len - length - 1)
         choices: dict[str, Choice] = {}
-        best = None  # (tokens/ms, drafter name, k, lookup proposal, cap, stretch)
+        best = None  # (tokens/ms, drafter name, k, lookup proposal, cap)
         spare = None  # (drafter name, cap, lookup proposal): what a batch's probe would draft with
         missed = self._missed(r) if self.runner.draft is not None else 0
         for drafter in r.drafters:
@@ -284,20 +281,19 @@ class Scheduler:
                 continue
             cost = _cost(r, name)
             if fixed is not None or cost is None:
-                best = (0.0, name, cap, found, cap, 0)
+                best = (0.0, name, cap, found, cap)
                 break
             choice = choices[name] = cost.choose(cap, length, alone, missed if name == MODEL else 0, r.remaining)
             spare = spare or (name, cap, found)
             if choice.k and (best is None or choice.rate > best[0]):
-                best = (choice.rate, name, choice.ceiling, found, cap, choice.stretch)
+                best = (choice.rate, name, choice.ceiling, found, cap)
         if best is None:
             if spare is None:
                 return Plan(None, 0, choices=choices, missed=missed)
             name, cap, found = spare
             return Plan(None, 0, found or [], choices, missed=missed, spare=name, room=cap)
-        _, name, k, found, cap, stretch = best
-        lookup = found[:k] if found is not None else []
-        return Plan(name, k, lookup, choices, missed=missed, room=cap, stretch=stretch)
+        _, name, k, found, cap = best
+        return Plan(name, k, found[:k] if found is not None else [], choices, missed=missed, room=cap)
 
     def _entry_fee(self, r: Request, plan: Plan) -> bool:
         """Whether the round would make row r's draft catch up on its context before drafting (an auto-k row

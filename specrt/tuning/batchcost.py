@@ -46,12 +46,6 @@ row joins the batch, the next at once while probes come back fully accepted (a r
 estimate what one cannot, and costs no catch-up), `probe_after` rounds after a rejection, doubling to
 `max_backoff` while they fail.
 
-Positions past a row's k get no evidence from rounds at its k either, and follow the estimate before them (on
-code at T = 0.7 a_1 ~0.9, the deeper positions ~0.97). A row alone may draft `stretch` past its k while its
-draft is sure (costmodel.py); in a batch a row the ceiling left at its own k may too, by as much as a round
-that wide could pay for at the acceptance a probe hopes for (`_stretched`): where the rows fill the cores,
-none.
-
 The profile is corrected from the rounds the batch runs: per pass shape, the slots it computes B and its width
 W, the measured time of its rounds against the profile's prediction, smoothed (`ratios`). One ratio for all
 widths would only follow the machine's drift and leave the choice where it was (a common factor cancels in the
@@ -171,15 +165,13 @@ class BatchCost:
         left: int | None = None,
         room: Sequence[int] | None = None,
         span: int | None = None,
-        stretch: Sequence[int] | None = None,
     ) -> BatchChoice:
         """Per-row k for the round: each auto row's own choice, capped at the ceiling K that maximises the
         batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass).
         catch_up[r]: milliseconds row r's draft needs for output tokens it sat out before it can draft;
         left: rounds the batch may still run (its longest row's tokens left; None: unknown, a probe may make
         no row catch up); room[r]: the most drafts row r could make this round (a probe may go past the k it
-        chose: its estimate is what the probe tests); span: the slots the rows' range covers (`round_ms`);
-        stretch[r]: how far past its k row r's draft may go while it is sure (`_stretched`).
+        chose: its estimate is what the probe tests); span: the slots the rows' range covers (`round_ms`).
         A query: the ceiling in force changes only when the round is observed."""
 
         if all(fixed):  # nothing to cap: the one candidate, without pricing it (this runs every round)
@@ -240,35 +232,7 @@ class BatchCost:
             ]
             if stale:
                 return BatchChoice(stale[0], ks_at[stale[0]], explore=True, starved=bool(starved))
-        if stretch is not None and any(stretch):
-            chosen = self._stretched(chosen, wanted, fixed, stretch, expected, rate)
         return BatchChoice(best, chosen, starved=bool(starved))
-
-    def _stretched(self, chosen, wanted, fixed, stretch, expected, rate) -> list[int]:
-        """The rows' k, each auto row the ceiling left at its own k allowed up to `stretch[r]` past it (its
-        early stop then decides how far, by the draft's confidence: costmodel.py), by the most under which
-        the round would beat the one at `chosen` were the positions past k accepted as a probe hopes
-        (`probe_acceptance`); none where even that could not pay (rows filling the cores: a wider pass
-        spends compute the batch's rows need). Without it a batched row never tests positions past its k,
-        so they follow the estimate before them: 2 fp32 rows at T = 0.7 drafted k = 2 in 225 of 379
-        row-rounds where k = 5 ran 1.17-1.25x k = 3 (results/trust/batch-stretch)."""
-        can = [s if k and k == w and not f else 0 for k, w, f, s in zip(chosen, wanted, fixed, stretch, strict=True)]
-        if not any(can):
-            return chosen
-        gains = [self._beyond(e, k) if c else e for e, k, c in zip(expected, chosen, can, strict=True)]
-        base = rate(chosen)
-        for most in range(max(can), 0, -1):
-            ks = [k + min(c, most) for k, c in zip(chosen, can, strict=True)]
-            if rate(ks, gains) > base:
-                return ks
-        return chosen
-
-    def _beyond(self, expected: Callable[[int], float], k: int) -> Callable[[int], float]:
-        """Expected tokens of j >= k drafts: the row's estimate up to its k, the positions past it at the
-        acceptance a probe hopes for."""
-        reach = expected(k) - expected(k - 1)  # the chance that all k drafts are accepted
-        p = self.policy.probe_acceptance
-        return lambda j: expected(k) + reach * sum(p**i for i in range(1, j - k + 1))
 
     def _hoped(self, k: int) -> float:
         """Expected tokens of k drafts at the acceptance a probe hopes for."""

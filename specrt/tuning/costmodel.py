@@ -27,10 +27,9 @@ it pays (removing it costs more than 3% of tokens/s on the real pair: results/la
   faster, k = 3 priced 11% dear from k = 1 rounds; results/trust/batch-s26-avx2);
 - **early stop** (`keep_drafting`): the chosen k is a ceiling for a draft model; after each draft token, its
   calibrated confidence says whether going on promises more than verifying now. It depends on the draft
-  alone, so verification stays exact. A round may go `stretch` (2) past the chosen k while the draft is
-  that sure: positions past k get evidence, where otherwise they follow a_1 for good (bench_batch's code
-  prompts at one stream: auto / best fixed k 0.84-0.92 without, 0.95-1.03 with); in a batch only where
-  the batch's cost says a round that wide could pay (batchcost.py);
+  alone, so verification stays exact. A round that runs alone may go `stretch` (2) past the chosen k while
+  the draft is that sure: positions past k get evidence, where otherwise they follow a_1 for good
+  (bench_batch's code prompts at one stream: auto / best fixed k 0.84-0.92 without, 0.95-1.03 with);
 - **the draft's missed tokens** (`weigh_missed`): a row whose draft sat out rounds of its generation (the
   plain rounds of a batch) must feed it every output token it missed before drafting again; drafting must
   save more than that over the tokens left (a probe: cost at most `probe_budget` of the plain decoding time
@@ -163,10 +162,9 @@ class CostModel:
             stale = alone and policy.plain_every is not None and self.steps.since_timed(1) >= policy.plain_every
             if stale and rates[k] < (1 + policy.plain_margin) * rates[0]:
                 return Choice(0, "timing")
-            stretch = self._stretch(k, k_cap)
+            stretch = self._stretch(k, k_cap, alone)
             wide = k + stretch + 1  # the widest pass this round may run
-            widen = alone and policy.widen_every is not None  # timing a width is a row's rule, alone
-            if stretch and widen and self.steps.since_timed(wide) >= policy.widen_every:
+            if stretch and policy.widen_every is not None and self.steps.since_timed(wide) >= policy.widen_every:
                 return Choice(k, "widen", rates[k], stretch)
             return Choice(k, "pays", rates[k], stretch)
         if self.backoff is not None and (self.again or self.idle + 1 >= self.backoff):
@@ -195,15 +193,13 @@ class CostModel:
             stake = max(stake, self.policy.probe_share * (plain - remaining / max(hoped.values())))
         return stake
 
-    def _stretch(self, k: int, k_cap: int) -> int:
-        """How far past a chosen k a model draft may go, where its confidence says going on pays
+    def _stretch(self, k: int, k_cap: int, alone: bool) -> int:
+        """How far past a chosen k a model draft alone may go, where its confidence says going on pays
         (`keep_drafting`). Positions past k are otherwise never tested, so they follow the estimate before
         them: on code at T = 0.7 a_1 read ~0.9 while positions 2-5 accepted ~0.97, and k = 1 looked best
-        where k = 5 ran 1.25x faster (results/trust/acceptance-stretch). In a batch the same holds (2 fp32
-        rows at T = 0.7 drafted k = 2 where k = 5 ran 1.17-1.25x k = 3: results/trust/batch-stretch), and the
-        batch lets a row go past its k only where its cost says a round that wide could pay
-        (`BatchCost.choose`: the ceiling prices the rows' widths)."""
-        if self.drafter == MODEL and self.policy.early_stop:
+        where k = 5 ran 1.25x faster (results/trust/acceptance-stretch). In a batch the ceiling prices the
+        rows' widths, so a row drafts at most its k there."""
+        if alone and self.drafter == MODEL and self.policy.early_stop:
             return min(self.policy.stretch, k_cap - k)  # k <= k_cap: the argmax is taken over 0..k_cap
         return 0
 
