@@ -60,7 +60,11 @@ ceiling (K - 1 or K + 1) whose shape has not been timed in the last `stale_after
 better becomes the best, and so on. A shape's first round in the engine is not learned from: ONNX Runtime's
 first run of a new shape is cold (2 fp32 rows at width 9: 298 ms, then ~250 warm), and taken as measured it
 priced every wide round dear (the line through the ratios) for the rest of the batch
-(results/trust/batch-c2-trace). Its second is taken as measured.
+(results/trust/batch-c2-trace). Its second is taken as measured. A width is timed again, as measured, once
+`stale_after` (32) rounds have passed without it: this machine slows down for seconds at a time, the width
+running then learns the spell and the ceiling steps off it, and a width left untimed for 256 rounds stayed
+priced at the spell (2 fp32 rows at T = 0.7: four rounds at 2x moved width 5's ratio 1.03 -> 1.40, and the
+batch drafted 2 tokens in 344 of 419 row-rounds where k = 5 ran 1.16x k = 3: results/trust/batch-stale).
 """
 
 from __future__ import annotations
@@ -102,7 +106,7 @@ class BatchCost:
     ratios: dict[tuple[int, int], float] = field(default_factory=dict)  # (B, W) -> live / profiled time, smoothed
     policy: Policy = Policy()  # the probing rule (probe_after, max_backoff, probe_acceptance, probe_budget)
     explore_every: int = 16
-    stale_after: int = 256
+    stale_after: int = 32  # rounds before a width is timed again (a slow spell must not price it for good)
     ceiling: int | None = None  # the K in force
     rounds: int = 0  # batched rounds observed
     timed: dict[tuple[int, int], int] = field(default_factory=dict)  # (B, W) -> the round it was last timed in
