@@ -1,5 +1,5 @@
-"""In-process A/B of the batched stretch: bench_batch's prompts, warm-up and parts, with four configurations
-interleaved in every part (ABBA) on one engine per concurrency: fixed k = 3 and k = 5, auto k as it is ("auto",
+"""In-process A/B of the batched stretch: bench_batch's prompts, warm-up and parts, with five configurations
+interleaved in every part (ABBA) on one engine per concurrency: plain, fixed k = 3 and k = 5, auto k as it is ("auto",
 a row the ceiling leaves at its own k may draft past it: `BatchCost._stretched`), and auto k as before ("old":
 `_stretched` patched to keep the rows' own k, so a batched row never drafts past its k). Runs on the commit that
 had the stretch (6adffe4; reverted after this A/B):
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_batch as bb  # noqa: E402
 import benchkit as kit  # noqa: E402
 
-FIXED = {"k=3": 3, "k=5": 5}
+FIXED = {"plain": 0, "k=3": 3, "k=5": 5}  # plain joined after the fp32 runs (their "best fixed": k = 3, k = 5)
 Arm = Callable[[object], Callable[[], None]]  # sets an auto arm up on the engine; returns its undo
 
 
@@ -55,7 +55,7 @@ def compare(argv: list[str], arms: dict[str, Arm]) -> None:
                             ks[name][k] = ks[name].get(k, 0) + v
                 line = ", ".join(f"{n} {v[-1]:.1f}" for n, v in speeds.items())
                 kit.log(f"{target} c={c} T={temperature} part {part + 1}: {line}")
-            best = [max(a, b) for a, b in zip(speeds["k=3"], speeds["k=5"], strict=True)]
+            best = [max(fixed) for fixed in zip(*(speeds[name] for name in FIXED), strict=True)]
 
             def median(xs, ys):
                 return statistics.median(x / y for x, y in zip(xs, ys, strict=True))
