@@ -26,6 +26,7 @@ from .request import Request
 PATHS = ("graph", "host")
 
 
+ALL_TOKENS = 2**31 - 1  # a top_k no vocabulary reaches (the graphs take int64: a client's 2**63 overflowed it)
 _IDLE = GenerationOptions()  # a row that runs without drafting (a chain's idle slot): greedy, nothing drawn
 
 
@@ -38,7 +39,7 @@ def settings(rows: list[Request | None]) -> Settings | None:
     return Settings(
         np.array([x.greedy for x in o], np.bool_),
         np.array([1.0 if x.greedy else x.temperature for x in o], np.float32),
-        np.array([0 if x.greedy else x.top_k for x in o], np.int64),
+        np.array([0 if x.greedy else min(x.top_k, ALL_TOKENS) for x in o], np.int64),  # any k past the vocab: all
         np.array([1.0 if x.greedy else x.top_p for x in o], np.float32),
     )
 
