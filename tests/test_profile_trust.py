@@ -182,15 +182,16 @@ def test_a_batch_learns_that_wide_rounds_cost_more_than_profiled():
             choice = cost.choose([3] * 4, expected, [False] * 4, [False] * 4)
             ks = choice.ks
             cost.observe(choice, ks, [False] * 4, None, measured(max(ks) + 1))
-            ceilings.append(choice.ceiling)
+            ceilings.append(None if choice.explore else choice.ceiling)  # an exploring round keeps the ceiling
         return ceilings
 
     drift = rounds(10, lambda w: 2 * 40.0)  # everything 2x slower: the choice stays
-    assert drift == [3] * 10 and cost.ratio(4, 4) > 1.5 and cost.ratio(4, 1) == cost.ratio(4, 4)  # borrowed
+    assert set(drift) == {3, None} and cost.ratio(4, 4) > 1.5 and cost.ratio(4, 1) == cost.ratio(4, 4)  # borrowed
     learned = rounds(80, lambda w: 40.0 * (1 + 0.9 * (w - 1)))  # a wide pass costs what it computes
     assert learned[0] == 3 and learned[-1] == 0, learned  # at acceptance 0.6 plain batching wins
     assert sorted(cost.timed) == [(4, w) for w in (1, 2, 3, 4)]  # every width timed, by a few exploring rounds
-    assert sum(1 for a, b in zip(learned, learned[1:], strict=False) if a != b) <= 8, learned  # no flapping
+    chosen = [k for k in learned if k is not None]
+    assert sum(1 for a, b in zip(chosen, chosen[1:], strict=False) if a != b) <= 8, learned  # no flapping
 
 
 def test_a_widths_cold_first_round_does_not_price_it_out():
@@ -208,7 +209,8 @@ def test_a_widths_cold_first_round_does_not_price_it_out():
         cost.observe(choice, choice.ks, [False] * 2, None, per_width[width] * (1.25 if width not in ran else 1.0))
         ran.add(width)
         ceilings.append(None if choice.explore else choice.ceiling)
-    assert ceilings[5:].count(6) >= 50, ceilings
+    chosen = [k for k in ceilings[5:] if k is not None]  # the ceilings in force (exploring rounds aside)
+    assert chosen.count(6) >= len(chosen) - 5, ceilings
     ratios = [cost.ratios[2, w] for w in ran if (2, w) in cost.ratios]  # warm, every width at the same factor
     assert len(ratios) >= 3 and max(ratios) < 1.01 * min(ratios), cost.ratios  # the cold runs left no mark
 
@@ -234,13 +236,45 @@ def test_a_slow_spell_at_the_best_width_does_not_price_it_for_good():
             ceilings.append(None if choice.explore else choice.ceiling)
         return ceilings
 
-    assert rounds(60)[-10:] == [4] * 10
+    assert set(rounds(60)[-10:]) <= {4, None}  # K = 4, with a neighbour timed now and then
     normal = cost.ratio(2, 5)
     rounds(4, spell=True)
     after = rounds(120)
-    assert after[0] < 4, after  # the spell moved the ceiling off K = 4 (what this test is about)
-    assert after[-30:].count(4) >= 28, after  # ... and it came back
+    assert next(k for k in after if k is not None) < 4, (
+        after
+    )  # the spell moved the ceiling off K = 4 (what this test is about)
+    assert [k for k in after[-30:] if k is not None].count(4) >= 20, after  # ... and it came back
     assert cost.ratio(2, 5) == pytest.approx(normal, rel=0.05)
+
+
+def test_a_stale_plain_price_near_break_even_is_timed_again_within_a_few_rounds():
+    """int4 pair, 2 rows at T = 0.7: slow plain rounds early on priced plain at 1.33x; the rows then drafted k = 1
+    (0.030 tokens/ms against plain's 0.025 as priced) where plain ran 0.034, and nothing timed plain again for
+    48 rounds (results/trust/batch-s29-int4: auto at 0.82x plain batching). A neighbour near the best costs
+    little to time, so it is timed within a few rounds, and the batch goes plain."""
+    from specrt.tuning.batchcost import BatchChoice
+
+    profile = BatchProfile([1, 2], [1, 2], [[30.0, 60.0], [60.0, 120.0]], 64, 4)
+    cost = BatchCost(profile, None)
+    gain = [lambda k: 1 + 0.8 * k] * 2
+
+    def rounds(n: int, wanted: int, plain_ms: float) -> list[int | None]:
+        ceilings = []
+        for _ in range(n):
+            choice = cost.choose([wanted] * 2, gain, [False] * 2, [False] * 2)
+            width = max(choice.ks) + 1
+            cost.observe(choice, choice.ks, [False] * 2, None, plain_ms if width == 1 else 120.0)
+            ceilings.append(None if choice.explore else choice.ceiling)
+        return ceilings
+
+    for _ in range(2):  # rounds at k = 1 ran as profiled (the first is cold)
+        cost.observe(BatchChoice(1, [1, 1]), [1, 1], [False] * 2, None, 120.0)
+    rounds(12, 0, 80.0)  # the rows' own choice is plain while plain rounds run slow
+    assert cost.ratio(2, 1) > 1.3 and cost.ratio(2, 2) == 1.0
+    after = rounds(60, 1, 60.0)  # they want k = 1; plain rounds run as profiled again
+    assert after[:5] == [1] * 5, after  # priced at 80 ms, plain looks worse than k = 1
+    assert set(after[20:]) == {0, None}, after  # timed again soon, and plain from then on (K = 1 timed now and then)
+    assert cost.ratio(2, 1) == pytest.approx(1.0, abs=0.05)
 
 
 def test_what_a_batch_learned_at_4_rows_does_not_price_8_rows():
@@ -265,26 +299,29 @@ def test_what_a_batch_learned_at_4_rows_does_not_price_8_rows():
     rounds(5, 4, 0)  # plain rounds at 4 rows: 1.4x
     assert rounds(20, 4, 1)[-10:] == [1] * 10  # drafting pays at 4 rows
     at_8 = rounds(80, 8, 1)
-    assert at_8[-30:] == [0] * 30, at_8  # 8 rows timed plain at their own size and went plain
+    assert set(at_8[-30:]) == {0, None}, at_8  # 8 rows timed plain at their own size and went plain
     assert cost.ratio(8, 1) == pytest.approx(1.0) and cost.ratio(4, 1) == pytest.approx(1.4)
 
 
 def test_a_batch_where_plain_wins_explores_only_next_to_it():
     """8 rows that fill the cores (a pass costs what it computes): K = 0 is right, and the rounds spent timing
-    other widths are few and next to it (timing every width up to 9 cost 7% of plain batching)."""
+    other widths are next to it and cost the batch little (timing every width up to 9 cost 7% of plain
+    batching): about `explore_budget` of its tokens."""
     per_width = {w: 40.0 * w for w in range(1, 10)}
     cost = BatchCost(batch_profile(per_width), None)
-    expected = [lambda k: 1 + 0.8 * k] * 8
-    explored = []
+    gain = lambda k: 1 + 0.8 * k  # noqa: E731
+    explored, tokens, ms = [], 0.0, 0.0
     for _ in range(600):
-        choice = cost.choose([8] * 8, expected, [False] * 8, [False] * 8)
+        choice = cost.choose([8] * 8, [gain] * 8, [False] * 8, [False] * 8)
         cost.observe(choice, choice.ks, [False] * 8, None, per_width[max(choice.ks) + 1])
+        tokens, ms = tokens + sum(map(gain, choice.ks)), ms + per_width[max(choice.ks) + 1]
         if choice.explore:
             explored.append(choice.ceiling)
         else:
             assert choice.ceiling == 0
-    # K = 1 only: cold, timed, then again once stale (32 rounds), at the next of the one-in-16 exploring rounds
-    assert set(explored) == {1} and len(explored) <= 600 // 32, explored
+    assert set(explored) == {1}, explored  # K = 1 only
+    plain = 8 * gain(0) / per_width[1]
+    assert tokens / ms >= (1 - 1.5 * cost.explore_budget) * plain, (len(explored), tokens / ms / plain)
 
 
 def test_specrt_profile_stores_the_batch_profile_an_engine_reads(zoo, tmp_path):

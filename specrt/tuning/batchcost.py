@@ -55,16 +55,23 @@ served native pair's plain rounds ran at 1.4x the profile with 4 rows and at 1.0
 per width the 4-row figure priced 8-row plain rounds at 120 ms against 85 measured, so 8 rows drafted for 90
 rounds at 0.89x of plain batching (results/trust/serve-shape-ratio). A width not run at B reads the line
 through the widths run at B; at a B with nothing run, the line of the nearest B that has some. A shape the
-batch does not run is not learned, so every `explore_every` rounds one round runs at a neighbour of the best
-ceiling (K - 1 or K + 1) whose shape has not been timed in the last `stale_after` rounds: a neighbour timed
-better becomes the best, and so on. A shape's first round in the engine is not learned from: ONNX Runtime's
-first run of a new shape is cold (2 fp32 rows at width 9: 298 ms, then ~250 warm), and taken as measured it
-priced every wide round dear (the line through the ratios) for the rest of the batch
-(results/trust/batch-c2-trace). Its second is taken as measured. A width is timed again, as measured, once
-`stale_after` (32) rounds have passed without it: this machine slows down for seconds at a time, the width
-running then learns the spell and the ceiling steps off it, and a width left untimed for 256 rounds stayed
-priced at the spell (2 fp32 rows at T = 0.7: four rounds at 2x moved width 5's ratio 1.03 -> 1.40, and the
-batch drafted 2 tokens in 344 of 419 row-rounds where k = 5 ran 1.16x k = 3: results/trust/batch-stale).
+batch does not run is not learned, so now and then a round runs at a neighbour of the best ceiling (K - 1 or
+K + 1) to time it: a neighbour timed better becomes the best, and so on. What a timing costs is known by the
+prices in force (a round at the neighbour instead of the best loses a share of a round's tokens), and
+`explore_budget` (1%) of the batch's tokens pays for it, so a neighbour is timed again once untimed for that
+share / 1% rounds (never sooner than `explore_every`, 8): one priced near the best, whose price decides the
+choice, within a few rounds; one far below it rarely. A fixed schedule (one round in 16 at a neighbour untimed
+for 32) left the plain shape of an int4 pair's 2 rows priced at 1.33x (slow plain rounds earlier) through 48
+drafting rounds, k = 1 looking 7% better than plain where plain was 10% better (auto at 0.82x plain batching:
+results/trust/batch-s29-int4); priced 11% below k = 1, plain is now timed again after 11 rounds. What a shape
+learned fades by `decay` per round, timed or not: a shape timed every round is smoothed over about five, and
+one timed again after a while is taken as measured, near enough (this machine slows down for seconds at a
+time, and a width priced at such a spell must not keep it: 2 fp32 rows at T = 0.7, four rounds at 2x moved
+width 5's ratio 1.03 -> 1.40, and a width timed again only after 256 rounds kept it: results/trust/batch-stale).
+A shape's first round in the engine is not learned from: ONNX Runtime's first run of a new shape is cold (2
+fp32 rows at width 9: 298 ms, then ~250 warm), and taken as measured it priced every wide round dear (the line
+through the ratios) for the rest of the batch (results/trust/batch-c2-trace). Its second is taken as
+measured.
 """
 
 from __future__ import annotations
@@ -105,8 +112,8 @@ class BatchCost:
     decay: float = 0.8
     ratios: dict[tuple[int, int], float] = field(default_factory=dict)  # (B, W) -> live / profiled time, smoothed
     policy: Policy = Policy()  # the probing rule (probe_after, max_backoff, probe_acceptance, probe_budget)
-    explore_every: int = 16
-    stale_after: int = 32  # rounds before a width is timed again (a slow spell must not price it for good)
+    explore_every: int = 8  # the fewest rounds before a width is timed again (`_due`)
+    explore_budget: float = 0.01  # the share of the batch's tokens a neighbour's timing may cost (`_due`)
     ceiling: int | None = None  # the K in force
     rounds: int = 0  # batched rounds observed
     timed: dict[tuple[int, int], int] = field(default_factory=dict)  # (B, W) -> the round it was last timed in
@@ -223,20 +230,39 @@ class BatchCost:
                     if switching_ms(ks) <= budget:
                         return BatchChoice(best, ks, probed=tuple(r for r, c in enumerate(can) if c), starved=True)
                     break  # wider probes pay the same catch-ups
-        if self.timed and self.rounds % self.explore_every == self.explore_every - 1:
+
+        def lost(k: int) -> float:  # a round at ceiling k instead of the best: the best's rounds of tokens lost
+            ms = self.round_ms(ks_at[k], drafting, context, span)
+            return (
+                ms
+                * (candidates[best] - candidates[k])
+                / (self.round_ms(chosen, drafting, context, span) * candidates[best])
+            )
+
+        if self.timed:
             # Only the best's neighbours: enough to climb (a neighbour timed better becomes the best, and its
             # own neighbour is timed next), and never a wide round far from the best (timing every width, 8
-            # rows at widths up to 9, cost 7% of plain batching's tokens/s).
-            stale = [
+            # rows at widths up to 9, cost 7% of plain batching's tokens/s). Each when its timing is due (`_due`).
+            due = [
                 k
                 for k in (best - 1, best + 1)
                 if k in candidates
-                and self.rounds - self.timed.get(shape(ks_at[k], span), -(1 << 30)) > self.stale_after
+                and self._due(shape(ks_at[k], span), lost(k))
                 and not switching_ms(ks_at[k])  # timing a width must not pay a catch-up
             ]
-            if stale:
-                return BatchChoice(stale[0], ks_at[stale[0]], explore=True, starved=bool(starved))
+            if due:
+                k = max(due, key=lambda k: candidates[k])  # the nearer to the best first
+                return BatchChoice(k, ks_at[k], explore=True, starved=bool(starved))
         return BatchChoice(best, chosen, starved=bool(starved))
+
+    def _due(self, key: tuple[int, int], lost: float) -> bool:
+        """Is a round at this pass shape due to be timed, where running it instead of the best costs the batch
+        `lost` of a round's tokens by the prices in force? `explore_budget` of the batch's tokens pays for
+        timing it, so it is due once untimed for lost / explore_budget rounds, and never sooner than
+        `explore_every`: a neighbour near the best (whose price decides the choice) within a few rounds, one far
+        below it rarely."""
+        untimed = self.rounds - self.timed.get(key, -(1 << 30))
+        return untimed >= max(self.explore_every, lost / self.explore_budget)
 
     def _hoped(self, k: int) -> float:
         """Expected tokens of k drafts at the acceptance a probe hopes for."""
@@ -257,8 +283,9 @@ class BatchCost:
         one in force; a probe whose drafts were all accepted makes the next one come as soon as the policy
         allows, one with a rejection doubles the wait; its time against the profile's sets the ratio of its
         pass shape (slots, width): none from the engine's first round of a shape (a cold run), the first timing
-        after it as measured, later ones by at most 2x of itself per round (one disturbed round must not swing
-        the choice)."""
+        after it as measured, later ones weighted by how long the shape went untimed (`decay` per round: a
+        shape running every round is smoothed, one disturbed round must not swing the choice) and by at most
+        2x of itself."""
         if not choice.explore:
             self.ceiling = choice.ceiling
         self._schedule_probes(choice, drafted, accepted)
@@ -271,17 +298,19 @@ class BatchCost:
         if key not in self.warm:  # cold: untimed still, so the shape's next round is its first timing
             self.warm.add(key)
             return
-        fresh = self.rounds - self.timed.get(key, -(1 << 30)) > self.stale_after  # untimed, or long ago
+        learned = key in self.ratios
+        age = self.rounds - self.timed.get(key, self.rounds - 1)  # rounds since it was last timed
         self.timed[key] = self.rounds
         current = self.ratio(*key)
         profiled = self.round_ms(drafted, drafting, context, span) / current
         if profiled <= 0:
             return
-        if fresh:  # its first timing (in a while) as measured: what it borrowed was a guess
+        if not learned:  # its first timing, as measured: what it borrowed was a guess
             self.ratios[key] = measured_ms / profiled
-        else:
+        else:  # what it learned fades by `decay` per round, run or not (a width timed long ago: as measured)
             bounded = min(max(measured_ms / profiled, 0.5 * current), 2.0 * current)
-            self.ratios[key] = self.decay * current + (1 - self.decay) * bounded
+            weight = self.decay**age
+            self.ratios[key] = weight * current + (1 - weight) * bounded
 
     def joined(self) -> None:
         """A row joined the batch: its draft has nothing to catch up on yet and its acceptance is a prior,
