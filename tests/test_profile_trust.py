@@ -240,9 +240,8 @@ def test_a_slow_spell_at_the_best_width_does_not_price_it_for_good():
     normal = cost.ratio(2, 5)
     rounds(4, spell=True)
     after = rounds(120)
-    assert next(k for k in after if k is not None) < 4, (
-        after
-    )  # the spell moved the ceiling off K = 4 (what this test is about)
+    # The spell moved the ceiling off K = 4 (what this test is about) ...
+    assert next(k for k in after if k is not None) < 4, after
     assert [k for k in after[-30:] if k is not None].count(4) >= 20, after  # ... and it came back
     assert cost.ratio(2, 5) == pytest.approx(normal, rel=0.05)
 

@@ -232,12 +232,8 @@ class BatchCost:
                     break  # wider probes pay the same catch-ups
 
         def lost(k: int) -> float:  # a round at ceiling k instead of the best: the best's rounds of tokens lost
-            ms = self.round_ms(ks_at[k], drafting, context, span)
-            return (
-                ms
-                * (candidates[best] - candidates[k])
-                / (self.round_ms(chosen, drafting, context, span) * candidates[best])
-            )
+            ms, best_ms = (self.round_ms(ks, drafting, context, span) for ks in (ks_at[k], chosen))
+            return ms * (candidates[best] - candidates[k]) / (best_ms * candidates[best])
 
         if self.timed:
             # Only the best's neighbours: enough to climb (a neighbour timed better becomes the best, and its
@@ -247,7 +243,7 @@ class BatchCost:
                 k
                 for k in (best - 1, best + 1)
                 if k in candidates
-                and self._due(shape(ks_at[k], span), lost(k))
+                and self._due(shape(ks_at[k], span), lambda k=k: lost(k))
                 and not switching_ms(ks_at[k])  # timing a width must not pay a catch-up
             ]
             if due:
@@ -255,14 +251,14 @@ class BatchCost:
                 return BatchChoice(k, ks_at[k], explore=True, starved=bool(starved))
         return BatchChoice(best, chosen, starved=bool(starved))
 
-    def _due(self, key: tuple[int, int], lost: float) -> bool:
+    def _due(self, key: tuple[int, int], lost: Callable[[], float]) -> bool:
         """Is a round at this pass shape due to be timed, where running it instead of the best costs the batch
-        `lost` of a round's tokens by the prices in force? `explore_budget` of the batch's tokens pays for
-        timing it, so it is due once untimed for lost / explore_budget rounds, and never sooner than
+        lost() of a round's tokens by the prices in force? `explore_budget` of the batch's tokens pays for
+        timing it, so it is due once untimed for lost() / explore_budget rounds, and never sooner than
         `explore_every`: a neighbour near the best (whose price decides the choice) within a few rounds, one far
-        below it rarely."""
+        below it rarely. (lost() prices two rounds: asked only once `explore_every` has passed.)"""
         untimed = self.rounds - self.timed.get(key, -(1 << 30))
-        return untimed >= max(self.explore_every, lost / self.explore_budget)
+        return untimed >= self.explore_every and untimed >= lost() / self.explore_budget
 
     def _hoped(self, k: int) -> float:
         """Expected tokens of k drafts at the acceptance a probe hopes for."""
@@ -299,7 +295,7 @@ class BatchCost:
             self.warm.add(key)
             return
         learned = key in self.ratios
-        age = self.rounds - self.timed.get(key, self.rounds - 1)  # rounds since it was last timed
+        age = self.rounds - self.timed.get(key, 0)  # rounds since it was last timed (read where learned)
         self.timed[key] = self.rounds
         current = self.ratio(*key)
         profiled = self.round_ms(drafted, drafting, context, span) / current
