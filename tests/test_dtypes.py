@@ -157,7 +157,7 @@ def bf16(zoo):
 def test_bf16_graph_holds_bf16_and_runs_in_the_onnx_reference(bf16, variant):
     """No float32 weight left but the final norm's (the LM head is stored in bf16 and read through a Cast
     to float32), KV buffers in bf16, float32 logits; a prefill then a decode step (present fed back as past:
-    the scatter) through onnx.reference agree with PyTorch's bf16 model within the bound."""
+    the scatter) through onnx.reference agree with PyTorch's fp32 model within 3x PyTorch's own bf16 error."""
     import ml_dtypes
     import onnx
     from onnx.reference import ReferenceEvaluator
@@ -198,8 +198,15 @@ def test_bf16_graph_holds_bf16_and_runs_in_the_onnx_reference(bf16, variant):
         got.append(out["logits"].astype(np.float32))
         assert out["top_token"].tolist() == got[-1].argmax(-1).tolist()  # the greedy pick, in the graph
         kv = {n.replace("present", "past_key_values"): v for n, v in out.items() if n.startswith("present")}
-    ref, bound = _bound(ckpt, ids, "bf16")
-    assert np.abs(np.concatenate(got) - ref).max() <= bound, (np.abs(np.concatenate(got) - ref).max(), bound)
+    # Both against fp32, the graph within 3x PyTorch's own bf16 error: the reference evaluator rounds to bf16
+    # after every op (numpy over ml_dtypes) and PyTorch's bf16 kernels differ by CPU (fp32 accumulation with
+    # AMX-BF16), so the two bf16 results are not each other's bound. On a Xeon with AMX, llama-smollm2's graph
+    # read 0.123 from fp32 where PyTorch's bf16 read 0.059 (0.127 apart: past _bound's 2x); over the variants
+    # the graph's error is 0.7-2.1x PyTorch's. A wrong graph (a lost scatter, a cast in the wrong place) is off
+    # by the logits' own size (~4).
+    bf16_logits, wide = (_torch_logits(ckpt, ids, dtype) for dtype in (torch.bfloat16, torch.float32))
+    error, scale = np.abs(np.concatenate(got) - wide).max(), np.abs(bf16_logits - wide).max()
+    assert error <= max(3 * scale, 1e-3 * max(1.0, float(np.abs(wide).max()))), (error, scale)
 
 
 def test_a_bf16_bundle_on_the_cpu_is_refused_in_one_line(bf16, capsys):
