@@ -556,6 +556,44 @@ def test_each_row_stops_drafting_on_its_own_rule():
     out = runner.propose([(a, 4)], lambda r, k, conf: False)
     assert len(out[a.id].tokens) == 1  # alone: its own rule
 
+    def rode(ks, goes):  # b rides with a (a batch raised its k towards a's): it drafts while a drafts
+        out = runner.propose(list(zip([a, b], ks, strict=True)), lambda r, k, conf: goes[r.id], rides=lambda r: r is b)
+        return [len(out[r.id].tokens) for r in (a, b)]
+
+    assert rode([4, 4], [True, False]) == [4, 4]  # its own rule would stop it at 1: it goes on with a
+    assert rode([4, 4], [False, True]) == [1, 1]  # a stopped: so does b
+    assert rode([2, 4], [True, True]) == [2, 2]  # a has its k: b stops there, never widening the pass
+    assert rode([4, 2], [True, True]) == [4, 2]  # b has its own k
+
+
+def test_a_row_drafting_less_than_the_widest_row_rides_up_to_it_where_that_pays():
+    """A row's own k prices a pass of its own width; in a batch the pass is as wide as the widest row, so a row
+    drafting fewer tokens drafts on towards the widest row's k where its share of the batched draft steps costs
+    less than its extra drafts promise (fp32-like costs: a wide pass costs little more than a narrow one), never
+    past it, never past what its drafter can draft, and not where the extra draft rows cost more than they add
+    or where the caller gives no room. Fixed-k rows keep their k."""
+    from specrt.tuning.batchcost import BatchCost
+    from specrt.tuning.profile import BatchProfile
+
+    widths, batches = list(range(1, 10)), [1, 2, 4, 8]
+    target = BatchProfile(batches, widths, [[200 + 10 * b + 3 * b * (w - 1) for w in widths] for b in batches])
+    cheap = BatchProfile(batches, widths, [[15.0 + b for _ in widths] for b in batches])  # a row: +1 ms a step
+    dear = BatchProfile(batches, widths, [[15.0 * b for _ in widths] for b in batches])  # a row: +15 ms a step
+    at = lambda a: lambda k: sum(a**i for i in range(k + 1))  # noqa: E731 - expected tokens at acceptance a
+    code, prose = at(0.9), at(0.65)
+    args = ([8, 3], [code, prose], [False] * 2, [True] * 2)
+    rides = BatchCost(target, cheap).choose(*args, room=[8, 8])
+    assert rides.ks[1] == rides.ks[0] >= 7 and rides.riders == (1,), rides
+    alone = BatchCost(target, cheap).choose(*args)  # no room given: each row's own k under the ceiling
+    assert alone.ks[0] >= 7 and alone.ks[1] == 3 and alone.riders == (), alone
+    assert BatchCost(target, cheap).choose(*args, room=[8, 5]).ks[1] == 5  # as far as its drafter can
+    narrower = BatchCost(target, cheap).choose([5, 3], [code, prose], [False] * 2, [True] * 2, room=[8, 8])
+    assert narrower.ks == [5, 5] and narrower.riders == (1,), narrower  # up to the widest row, not past it
+    poor = BatchCost(target, dear).choose([8, 3], [code, at(0.2)], [False] * 2, [True] * 2, room=[8, 8])
+    assert poor.ks[1] == 3 and poor.riders == (), poor  # its extra drafts would cost more than they add
+    fixed = BatchCost(target, cheap).choose([8, 3], [code, prose], [False, True], [True] * 2, room=[8, 8])
+    assert fixed.ks[1] == 3 and fixed.riders == (), fixed
+
 
 def test_an_engine_takes_the_batch_profiles_another_engine_stored_meanwhile(zoo, tmp_path, monkeypatch):
     """Engines of one machine on the same bundles (replicas, servers side by side) all start on the stand-in;

@@ -67,9 +67,12 @@ class Runner:
         rows: list[tuple[Request, int]],
         more: Callable[[Request, int, list[float]], bool],
         early: Callable[[Request], bool] = lambda r: True,
+        rides: Callable[[Request], bool] = lambda r: False,
     ) -> dict[int, Proposal]:
         """Up to k tokens per (request, k); more(request, k, confidences) may end a row's drafting early where
-        early(request) says it may (elsewhere a row drafts exactly k, unasked)."""
+        early(request) says it may (elsewhere a row drafts exactly k, unasked). A row that rides(request) (a
+        batch raised its k towards the widest row's: BatchChoice.riders) drafts, up to its k, while a row that
+        does not still drafts, whatever its own rule says: never past them, so it never widens the pass."""
         out = {r.id: Proposal() for r, _ in rows}
         self.catch_up_ms, self.catch_up_tokens = 0.0, 0
         if not rows:
@@ -85,7 +88,8 @@ class Runner:
                 behind -= n
                 self.catch_up_tokens += n
         self.catch_up_ms = 1000 * (time.perf_counter() - t0)
-        active = {r.id: (r, k, early(r)) for r, k in sorted(rows, key=lambda rk: rk[0].slot)}  # slot order
+        riding = {r.id for r, _ in rows if rides(r)}  # not on their own rule: with the rows they ride with
+        active = {r.id: (r, k, early(r) and r.id not in riding) for r, k in sorted(rows, key=lambda rk: rk[0].slot)}
         feed = {r.id: r.tokens[kv.rows[r.slot].length :] for r, _ in rows}  # the last 1-2 tokens
         spent = dict.fromkeys(out, 0.0)  # per row: milliseconds of the steps it took part in, and how many
         taken = dict.fromkeys(out, 0)
@@ -128,6 +132,8 @@ class Runner:
                 # paired ratios each; results/trust/joint-stop.)
                 if len(p.tokens) >= k or (stops and not more(r, k, p.confidences)):
                     del active[r.id]
+            if riding and riding.issuperset(active):  # the rows they rode with have stopped
+                active.clear()
             step += n
         for rid, p in out.items():
             p.step_ms = spent[rid] / taken[rid] if taken[rid] else None

@@ -161,8 +161,12 @@ class Scheduler:
         t0 = time.perf_counter()
         drafting = [(r, p.k) for r, p in zip(rows, plans, strict=True) if p.drafter == MODEL and p.k]
         widening = {r.id for r, p in zip(rows, plans, strict=True) if p.widens}  # the whole ceiling, unasked
+        riding = {rows[i].id for i in batch.riders} if batch is not None else set()  # the widest row's width
         proposals = self.runner.propose(
-            drafting, self._keep_drafting, lambda r: r.id not in widening and self._stops_early(r)
+            drafting,
+            self._keep_drafting,
+            lambda r: r.id not in widening and self._stops_early(r),
+            lambda r: r.id in riding,
         )
         draft_ms = 1000 * (time.perf_counter() - t0)
         for r, p in zip(rows, plans, strict=True):

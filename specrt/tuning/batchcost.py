@@ -20,6 +20,14 @@ grows with B * W and K falls, to 0 (plain batching) when speculation would spend
 needs. The ceiling moves only when the new one promises `margin` more tokens/s than the current one, so
 a batch near the break-even point does not thrash between two values from round to round.
 
+A row's own k prices a pass as wide as its own drafts; in a batch the pass is as wide as the widest row
+whatever the others draft, so a row drafting fewer tokens may draft on towards the widest row's k for only its
+share of draft steps that run anyway: each such row, the most promising first, rides up to it (as far as its
+drafter can) wherever that raises the round's rate (`ride`), and stops when the rows it rides with stop, so it
+never widens the pass on its own (`BatchChoice.riders`; runner.py). Without it, 2 fp32 rows at T = 0 (a code
+row drafting 8, a prose row 3-5 as if alone) left the prose row behind, to finish its last 60-80 tokens alone at
+0.87 of fixed k = 5's rate, auto at 0.94-0.96 of k = 5 (results/trust/batch-bookkeeping).
+
 A row whose draft sat out output tokens (the batch's plain rounds) must feed them to it before it drafts
 again: a round that makes such a row draft is charged that catch-up in full (`catch_up[r]`, priced by the
 row's cost model; `weigh_missed`), and the row sits the round out where that costs the batch more than it
@@ -98,6 +106,7 @@ class BatchChoice:
     explore: bool = False  # a round at an untimed width, to time it (the ceiling in force stays)
     probed: tuple[int, ...] = ()  # rows the ceiling kept from drafting that draft a little to test acceptance
     starved: bool = False  # the ceiling keeps a row that wants to draft from drafting at all
+    riders: tuple[int, ...] = ()  # rows drafting past their own k towards the widest row's (see `choose`)
 
 
 @dataclass
@@ -178,11 +187,13 @@ class BatchCost:
         span: int | None = None,
     ) -> BatchChoice:
         """Per-row k for the round: each auto row's own choice, capped at the ceiling K that maximises the
-        batch's expected tokens per millisecond. Fixed-k rows keep their k (it still widens the pass).
+        batch's expected tokens per millisecond, and raised towards the widest row's k where that pays (`ride`).
+        Fixed-k rows keep their k (it still widens the pass).
         catch_up[r]: milliseconds row r's draft needs for output tokens it sat out before it can draft;
         left: rounds the batch may still run (its longest row's tokens left; None: unknown, a probe may make
         no row catch up); room[r]: the most drafts row r could make this round (a probe may go past the k it
-        chose: its estimate is what the probe tests); span: the slots the rows' range covers (`round_ms`).
+        chose: its estimate is what the probe tests; a row may ride towards the widest row's k; None: neither
+        beyond a row's own k, where a probe holds at it); span: the slots the rows' range covers (`round_ms`).
         A query: the ceiling in force changes only when the round is observed."""
 
         if all(fixed):  # nothing to cap: the one candidate, without pricing it (this runs every round)
@@ -201,7 +212,30 @@ class BatchCost:
             for r, c in enumerate(catch_up):  # a row whose catch-up costs the batch more than it adds sits out
                 if c and ks[r] and not fixed[r] and rate(without := ks[:r] + [0] + ks[r + 1 :]) > rate(ks):
                     ks = without
+            return ride(ks)
+
+        def ride(ks: list[int]) -> list[int]:
+            """Auto rows drafting fewer tokens than the widest row draft on towards its k, one row at a time
+            (the most promising first), wherever that raises the round's rate: the pass is as wide as the
+            widest row whatever they draft, so a row's extra drafts cost only its share of batched draft steps
+            that run anyway. A row's own k prices a pass of its own width; in a batch that pass is paid."""
+            width = max(ks, default=0)
+            if not width or room is None:
+                return ks
+            up = {
+                r: min(room[r], width)
+                for r, k in enumerate(ks)
+                if 0 < k < width and not fixed[r] and drafting[r] and room[r] > k
+            }
+            for r in sorted(up, key=lambda r: expected[r](up[r]) - expected[r](ks[r]), reverse=True):
+                if rate(raised := ks[:r] + [up[r]] + ks[r + 1 :]) > rate(ks):
+                    ks = raised
             return ks
+
+        def riding(ks: list[int], ceiling: int) -> tuple[int, ...]:
+            return tuple(
+                r for r, (k, w, f) in enumerate(zip(ks, wanted, fixed, strict=True)) if not f and k > min(w, ceiling)
+            )
 
         top = max((w for w, f in zip(wanted, fixed, strict=True) if not f), default=0)
         ks_at = {k: ks_for(k) for k in range(top + 1)}  # each ceiling's per-row k, priced once
@@ -228,7 +262,8 @@ class BatchCost:
                 ks = [min(c, k) if c else x for c, x in zip(can, chosen, strict=True)]
                 if rate(ks, hoped, switching=False) > bar:
                     if switching_ms(ks) <= budget:
-                        return BatchChoice(best, ks, probed=tuple(r for r, c in enumerate(can) if c), starved=True)
+                        probed = tuple(r for r, c in enumerate(can) if c)
+                        return BatchChoice(best, ks, probed=probed, starved=True, riders=riding(chosen, best))
                     break  # wider probes pay the same catch-ups
 
         def lost(k: int) -> float:  # a round at ceiling k instead of the best: the best's rounds of tokens lost
@@ -248,8 +283,8 @@ class BatchCost:
             ]
             if due:
                 k = max(due, key=lambda k: candidates[k])  # the nearer to the best first
-                return BatchChoice(k, ks_at[k], explore=True, starved=bool(starved))
-        return BatchChoice(best, chosen, starved=bool(starved))
+                return BatchChoice(k, ks_at[k], explore=True, starved=bool(starved), riders=riding(ks_at[k], k))
+        return BatchChoice(best, chosen, starved=bool(starved), riders=riding(chosen, best))
 
     def _due(self, key: tuple[int, int], lost: Callable[[], float]) -> bool:
         """Is a round at this pass shape due to be timed, where running it instead of the best costs the batch
