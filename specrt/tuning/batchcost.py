@@ -25,8 +25,9 @@ whatever the others draft, so a row drafting fewer tokens may draft on towards t
 share of draft steps that run anyway: each such row, the most promising first, rides up to it (as far as its
 drafter can) wherever that raises the round's rate (`ride`), and stops when the rows it rides with stop, so it
 never widens the pass on its own (`BatchChoice.riders`; runner.py). Without it, 2 fp32 rows at T = 0 (a code
-row drafting 8, a prose row 3-5 as if alone) left the prose row behind, to finish its last 60-80 tokens alone at
-0.87 of fixed k = 5's rate, auto at 0.94-0.96 of k = 5 (results/trust/batch-bookkeeping).
+row drafting 8, a prose row 3-5 as if alone, stopping early at 3 of 7) ran their batched rounds at 0.98 of fixed
+k = 5's tokens/s and auto / best fixed read 0.940; with it 0.995 and 1.004 (results/trust/batch-bookkeeping,
+results/trust/batch-s32-riders).
 
 A row whose draft sat out output tokens (the batch's plain rounds) must feed them to it before it drafts
 again: a round that makes such a row draft is charged that catch-up in full (`catch_up[r]`, priced by the
