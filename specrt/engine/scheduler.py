@@ -161,7 +161,7 @@ class Scheduler:
         t0 = time.perf_counter()
         drafting = [(r, p.k) for r, p in zip(rows, plans, strict=True) if p.drafter == MODEL and p.k]
         widening = {r.id for r, p in zip(rows, plans, strict=True) if p.widens}  # the whole ceiling, unasked
-        riding = {rows[i].id for i in batch.riders} if batch is not None else set()  # the widest row's width
+        riding = {rows[i].id for i in batch.riders} if batch is not None else set()  # raised towards the widest k
         proposals = self.runner.propose(
             drafting,
             self._keep_drafting,

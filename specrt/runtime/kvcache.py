@@ -103,7 +103,7 @@ def _resident(shape: list[int], storage) -> np.ndarray:
     """A zeroed array whose pages are in memory now. `np.zeros` maps zero pages lazily (calloc), and a slot's
     pages then came in at its first run, inside the graph's attention over the slot (with transparent huge
     pages, one 2 MiB fault per buffer and head, each zeroed and perhaps compacted for): the int4 0.5B draft fed
-    192 tokens into a slot never used took 760-790 ms, into a used one 470-500, 290 ms for its 96 MiB (Xeon,
+    192 tokens into a slot never used took 732-766 ms, into a used one 465-473, ~280 ms for its 96 MiB (Xeon,
     2 cores; results/trust/kv-first-touch). Written here, all slots come in at load (768 MiB in 1.5 s), and
     a request's first run in a slot, its timings and what the cost models learn from them are those of every
     later one."""
