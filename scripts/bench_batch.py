@@ -25,6 +25,12 @@ runs them too, on the GGUF target and on its int4 IR of it (--openvino-targets),
 draft (k = 3), at most c requests in flight (about 10 minutes per target and configuration; --no-openvino
 skips it).
 
+At temperature 0.7 the configurations' outputs differ (each samples the target's distribution, but drafts use
+the request's randomness differently): with the seed fixed per prompt a fixed-k configuration samples the same
+text in every run, while auto's text moves with its k choices, so at few rows a part's ratio also compares
+easier text with harder (fp32, one stream: 0.87-0.93 here over 4-8 parts, 1.11x k = 5 in an interleaved A/B of
+16 paired runs on other prompts; results/trust/batch-s33).
+
 The batch-1 engine of the commit before the batch engine (--baseline REV, run from a git worktree in a
 child process) is measured at concurrency 1 on the same prompts, alternating with this engine, for the
 "within 5% of today's engine" check. Writes <out>/batch.json, batch.md and batch.png.
