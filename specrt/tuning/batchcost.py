@@ -85,6 +85,7 @@ measured.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -201,16 +202,13 @@ class BatchCost:
             return BatchChoice(0, list(wanted))
         catch_up = catch_up if catch_up is not None and self.weigh_missed else [0.0] * len(wanted)
         # Every ceiling's candidate and every rider's step is priced from the same few numbers: each row's E(k)
-        # and each k vector's round time are read once (16 rows wanting 3-7: 3.3 ms a call priced afresh, 1.25 read
+        # and each k vector's round time are read once (16 rows wanting 3-7: 3.3 ms a call priced afresh, 1.1 read
         # once; results/trust/riders-ab).
-        expected = [_remembered(e) for e in expected]
-        priced: dict[tuple[int, ...], float] = {}
+        expected = [functools.cache(e) for e in expected]
+        priced = functools.cache(lambda ks: self.round_ms(ks, drafting, context, span))
 
         def round_ms(ks: list[int]) -> float:
-            key = tuple(ks)
-            if key not in priced:
-                priced[key] = self.round_ms(ks, drafting, context, span)
-            return priced[key]
+            return priced(tuple(ks))
 
         def switching_ms(ks: list[int]) -> float:  # the catch-ups a round at these k must pay first
             return sum(c for k, d, c in zip(ks, drafting, catch_up, strict=True) if k and d)
@@ -373,15 +371,3 @@ class BatchCost:
             self.starved_rounds += 1
         elif any(drafted):
             self.starved_rounds, self.wait = 0, 1
-
-
-def _remembered(expected: Callable[[int], float]) -> Callable[[int], float]:
-    """`expected`, each k's value computed once (an acceptance estimate sums its rates up to k at every call)."""
-    values: dict[int, float] = {}
-
-    def read(k: int) -> float:
-        if k not in values:
-            values[k] = expected(k)
-        return values[k]
-
-    return read

@@ -148,14 +148,13 @@ def greedy_analysis(engine, log: list[dict], requests: dict, runs: list[dict], c
     """The teacher-forced counterfactual and calibration check (greedy runs only); returns lines and `forced`."""
     # Greedy output is the same under every configuration (checked), so each prompt's sequence is read once.
     forced: dict[int, dict] = {}  # request id -> {"start", "run"}
-    by_prompt: dict[int, tuple] = {}
+    by_prompt: dict[int, list[int]] = {}
     for run in runs:
         for i, out in run["outputs"].items():
-            if i in by_prompt and by_prompt[i][0] != out:
+            if by_prompt.setdefault(i, out) != out:
                 print(f"prompt {i}: output differs between configurations (greedy should not)")
-            by_prompt.setdefault(i, (out, []))[1].extend(run["reqs"])
     calibration_truth: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    cal = engine.tuning.calibration if hasattr(engine, "tuning") else None
+    cal = engine.tuning.calibration
     for rid, r in requests.items():
         start = len(r.prompt)
         picks, conf = teacher_forced(engine, r.tokens, start)
@@ -165,11 +164,10 @@ def greedy_analysis(engine, log: list[dict], requests: dict, runs: list[dict], c
         for i in range(len(match) - 1, -1, -1):
             run[i] = run[i + 1] + 1 if match[i] else 0
         forced[rid] = {"start": start, "run": run.tolist(), "conf": conf.tolist()}
-        if cal is not None:
-            for m, q in zip(match, conf, strict=True):
-                b = cal._bucket(float(q))
-                calibration_truth[b][0] += int(m)
-                calibration_truth[b][1] += 1
+        for m, q in zip(match, conf, strict=True):
+            b = cal._bucket(float(q))
+            calibration_truth[b][0] += int(m)
+            calibration_truth[b][1] += 1
 
     def counterfactual(e: dict, k: int) -> int:
         f = forced[e["req"]]
@@ -210,10 +208,9 @@ def greedy_analysis(engine, log: list[dict], requests: dict, runs: list[dict], c
             tested = [e for e in auto_alone if counterfactual(e, 8) >= i]
             truth.append(sum(1 for e in tested if counterfactual(e, 8) > i) / max(1, len(tested)))
         lines.append(f"  the truth at auto alone's positions: {np.round(truth, 3).tolist()}")
-    if cal is not None:
-        lines.append("calibration (bucket from: the table at the end / the truth over every output token, n):")
-        for b, (hits, n) in sorted(calibration_truth.items()):
-            lines.append(f"  {cal.edges[b]:.2f}: {cal.rate(cal.edges[b]):.3f} / {hits / n:.3f} ({n})")
+    lines.append("calibration (bucket from: the table at the end / the truth over every output token, n):")
+    for b, (hits, n) in sorted(calibration_truth.items()):
+        lines.append(f"  {cal.edges[b]:.2f}: {cal.rate(cal.edges[b]):.3f} / {hits / n:.3f} ({n})")
     return lines, forced
 
 
@@ -238,8 +235,7 @@ def main() -> int:
             start = len(log)
             outputs: dict = {}
             got = bb.run_specrt(engine, c, bb.CONFIGS[name], temperature, jobs, outputs)
-            ids = sorted({e["req"] for e in log[start:]})
-            runs.append({"part": part + 1, "config": name, "wall": got["wall"], "outputs": outputs, "reqs": ids})
+            runs.append({"part": part + 1, "config": name, "outputs": outputs})
             for e in log[start:]:
                 e["config"], e["part"] = name, part + 1
             tokens = sum(r["tokens"] for r in got["results"])
