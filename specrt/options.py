@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from .errors import OptionsError
 
 _STOP = "a string or a list of non-empty strings"
+# The graphs divide float32 logits by the temperature: past these bounds it is not a float32 that keeps the
+# quotient finite and non-zero (1e-300 became 0 there, logits / 0 = inf and a NaN distribution; 1e300 became inf).
+TEMPERATURES = (1e-30, 1e30)
+_TEMPERATURE = f"a finite number >= 0 (0: greedy) and, unless 0, within [{TEMPERATURES[0]:g}, {TEMPERATURES[1]:g}]"
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,12 @@ class GenerationOptions:
             object.__setattr__(self, "stop", tuple(self.stop))
         checks = [
             ("max_new_tokens", _is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
-            ("temperature", _is_num(self.temperature) and self.temperature >= 0, "a finite number >= 0 (0: greedy)"),
+            (
+                "temperature",
+                _is_num(self.temperature)
+                and (self.temperature == 0 or TEMPERATURES[0] <= self.temperature <= TEMPERATURES[1]),
+                _TEMPERATURE,
+            ),
             ("top_k", _is_int(self.top_k) and self.top_k >= 0, "an integer >= 0 (0 disables it)"),
             ("top_p", _is_num(self.top_p) and 0 < self.top_p <= 1, "in (0, 1] (1 disables it)"),
             ("seed", self.seed is None or _is_int(self.seed) and self.seed >= 0, "an integer >= 0"),

@@ -57,6 +57,11 @@ def test_options_defaults_and_normalisation():
         GenerationOptions(max_new_tokens=True)
     with pytest.raises(OptionsError, match="stop"):
         GenerationOptions(stop=("",))
+    # Temperatures a float32 does not hold as a usable divisor of the logits (the graphs' dtype) are refused.
+    for temperature in (1e-300, 5e-324, 1e-31, 1e31, 1e300, 10**400):
+        with pytest.raises(OptionsError, match=r"temperature must be .* within \[1e-30, 1e\+30\]"):
+            GenerationOptions(temperature=temperature)
+    assert not GenerationOptions(temperature=1e-30).greedy and GenerationOptions(temperature=1e30).temperature == 1e30
 
 
 def test_held_back_tail():
