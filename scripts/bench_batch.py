@@ -2,7 +2,7 @@
 """Many requests at once: the batch engine against itself with speculation off and at fixed k, and against
 llama.cpp's llama-server, at concurrency 1, 2, 4, 8 (16 with --max-concurrency 16), on the real pair.
 
-    python scripts/bench_batch.py --out results/batch                  # about an hour on 2 cores
+    python scripts/bench_batch.py --out results/batch                  # about two hours on 2 cores
     python scripts/bench_batch.py --targets int4 --concurrency 1 4      # a part of it
 
 Every request has a different prompt (code, prose and chat, in turn) and asks for 128 new tokens, EOS
@@ -27,9 +27,13 @@ skips it).
 
 At temperature 0.7 the configurations' outputs differ (each samples the target's distribution, but drafts use
 the request's randomness differently): with the seed fixed per prompt a fixed-k configuration samples the same
-text in every run, while auto's text moves with its k choices, so at few rows a part's ratio also compares
-easier text with harder (fp32, one stream: 0.87-0.93 here over 4-8 parts, 1.11x k = 5 in an interleaved A/B of
-16 paired runs on other prompts; results/trust/batch-s33).
+text in every run, while auto's text moves with its k choices, so with one seed a part's ratio at few rows also
+compared easier text with harder (fp32, one stream: 0.87-0.93 over 4-8 parts, while auto ran 1.11x k = 5 in an
+interleaved A/B of 16 paired runs on other prompts; results/trust/batch-s33). So at T > 0 every prompt of a part
+runs with ceil(8 / c) seeds (--texts 8), the same seeds for every configuration, each seed's runs interleaved
+ABBA, and a configuration's part pools them: at least 8 sampled texts per configuration per part at every
+concurrency (one seed at 8 rows, as before; 8 at one row, so c = 1 and 2 take 8x and 4x longer at T > 0).
+fp32 at one stream then read 1.054 (results/trust/batch-s34-texts).
 
 The batch-1 engine of the commit before the batch engine (--baseline REV, run from a git worktree in a
 child process) is measured at concurrency 1 on the same prompts, alternating with this engine, for the
@@ -57,22 +61,35 @@ BUNDLES = {  # the bundles scripts/demo.sh exports (standard graph)
 }
 CONFIGS = {"plain": 0, "k=3": 3, "k=5": 5, "auto": None}
 NEW_TOKENS = 128
+TEXTS = 8  # sampled texts per configuration in a part at T > 0 (--texts)
+SEED_STRIDE = 1000  # a prompt's seeds: i, i + 1000, ... (seed 0 is the only one at T = 0)
 
 
 # ---------------------------------------------------------------- specrt
 
 
 def run_specrt(
-    engine, concurrency: int, k: int | None, temperature: float, jobs: list, outputs: dict | None = None
+    engine,
+    concurrency: int,
+    k: int | None,
+    temperature: float,
+    jobs: list,
+    outputs: dict | None = None,
+    seed: int = 0,
 ) -> dict:
-    """One part: `jobs` ((prompt index, prompt) pairs) from c client threads. `outputs` (prompt index -> token
-    ids) collects what each request generated, for the comparison with single-stream output."""
+    """One part: `jobs` ((prompt index, prompt) pairs) from c client threads, request i seeded with
+    i + SEED_STRIDE * seed. `outputs` (prompt index -> token ids) collects what each request generated, for the
+    comparison with single-stream output."""
     import specrt
 
     def request(job: tuple[int, tuple[str, bool, str]]) -> dict:
         i, (text, chat, _) = job
         options = specrt.GenerationOptions(
-            max_new_tokens=NEW_TOKENS, num_draft_tokens=k, temperature=temperature, seed=i, ignore_eos=True
+            max_new_tokens=NEW_TOKENS,
+            num_draft_tokens=k,
+            temperature=temperature,
+            seed=i + SEED_STRIDE * seed,
+            ignore_eos=True,
         )
         t0 = time.perf_counter()
         gen = engine.generate(text, options, chat=chat)
@@ -102,6 +119,24 @@ def summary(results: list[dict], wall: float) -> dict:
         "ttft_p99_s": kit.percentile([r["ttft"] for r in results], 0.99),
         "wall_s": wall,
     }
+
+
+def seeds_per_part(concurrency: int, temperature: float, texts: int) -> int:
+    """Seeds each prompt of a part runs with: one when greedy (one text per prompt), else enough that every
+    configuration samples at least `texts` texts in the part (8 rows: one seed; one row: eight)."""
+    return 1 if temperature == 0 else max(1, -(-texts // concurrency))
+
+
+def join_runs(runs: list[dict]) -> dict:
+    """One configuration's runs of a part (one per seed) as one part: requests pooled, walls and counts added."""
+    joined: dict = {"results": [], "wall": 0.0, "k_chosen": {}, "batch_sizes": {}}
+    for run in runs:
+        joined["results"] += run["results"]
+        joined["wall"] += run["wall"]
+        for key in ("k_chosen", "batch_sizes"):
+            for k, v in run[key].items():
+                joined[key][k] = joined[key].get(k, 0) + v
+    return joined
 
 
 def merge_parts(parts: list[dict]) -> dict:
@@ -144,7 +179,9 @@ def warm_up(engine, c: int) -> None:
     engine.complete("def f(x):", specrt.GenerationOptions(max_new_tokens=4))
 
 
-def worker(target: str, levels: list[int], temperatures: list[float], parts: int, out: Path) -> None:
+def worker(
+    target: str, levels: list[int], temperatures: list[float], parts: int, out: Path, texts: int = TEXTS
+) -> None:
     """One target precision in its own process (its peak RSS is its own)."""
     import specrt
 
@@ -160,21 +197,27 @@ def worker(target: str, levels: list[int], temperatures: list[float], parts: int
         for temperature in temperatures:
             done: dict[str, list[dict]] = {name: [] for name in CONFIGS}
             outputs: dict[str, dict[int, list[int]]] = {name: {} for name in CONFIGS}
+            seeds = seeds_per_part(c, temperature, texts)
             for part in range(parts):
                 jobs = prompts[part * c : (part + 1) * c]
-                for name in kit.interleave(CONFIGS, c + part):
-                    kit.log(f"{target} c={c} T={temperature} part {part + 1}/{parts} {name}")
-                    engine.reset()  # no configuration finds its prompts cached by the one before it
-                    got = run_specrt(engine, c, CONFIGS[name], temperature, jobs, outputs[name])
-                    done[name].append(got)
-                    tokens = sum(r["tokens"] for r in got["results"])
-                    ks = {k: v for k, v in got["k_chosen"].items() if v}
-                    kit.log(f"  {tokens / got['wall']:.1f} tok/s total, k {ks}")
+                runs: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+                for seed in range(seeds):
+                    for name in kit.interleave(CONFIGS, c + part * seeds + seed):
+                        kit.log(f"{target} c={c} T={temperature} part {part + 1}/{parts} seed {seed} {name}")
+                        engine.reset()  # no configuration finds its prompts cached by the one before it
+                        got = run_specrt(engine, c, CONFIGS[name], temperature, jobs, outputs[name], seed)
+                        runs[name].append(got)
+                        tokens = sum(r["tokens"] for r in got["results"])
+                        ks = {k: v for k, v in got["k_chosen"].items() if v}
+                        kit.log(f"  {tokens / got['wall']:.1f} tok/s total, k {ks}")
+                for name in CONFIGS:
+                    done[name].append(join_runs(runs[name]))
             level = {name: merge_parts(done[name]) for name in CONFIGS}
             level["auto"]["auto_vs_best"] = auto_vs_best(level)
             kit.log(f"{target} c={c} T={temperature}: auto / best fixed {level['auto']['auto_vs_best']:.3f}")
             for name, row in level.items():
-                rows.append({"target": target, "concurrency": c, "temperature": temperature, "config": name} | row)
+                cell = {"target": target, "concurrency": c, "temperature": temperature, "config": name, "seeds": seeds}
+                rows.append(cell | row)
                 if temperature == 0:  # compared with single-stream outputs later, in a process of its own
                     rows[-1]["outputs"] = {str(i): out for i, out in outputs[name].items()}
         del engine
@@ -470,7 +513,12 @@ def auto_table(rows: list[dict], levels: list[int]) -> list[str]:
         got = [cells.get((target, temperature, c)) for c in levels]
         md.append(f"| {target} | {temperature} | " + " | ".join("-" if g is None else f"{g:.3f}" for g in got) + " |")
     values = list(cells.values())
-    md += ["", f"{sum(v >= 0.95 for v in values)} of {len(values)} cells >= 0.95; lowest {min(values):.3f}.", ""]
+    md += ["", f"{sum(v >= 0.95 for v in values)} of {len(values)} cells >= 0.95; lowest {min(values):.3f}."]
+    seeds = {(r["temperature"], r["concurrency"]): r["seeds"] for r in rows if "seeds" in r and r["temperature"] > 0}
+    if seeds:  # rows written before --texts ran one seed per prompt
+        told = ", ".join(f"c={c}: {n}" for (_, c), n in sorted(seeds.items()))
+        md.append(f"Seeds per prompt at T > 0 (the same for every configuration; a part's run pools them): {told}.")
+    return md + [""]
     return md
 
 
@@ -502,6 +550,13 @@ def main() -> int:
     parser.add_argument("--temperatures", nargs="*", type=float, default=[0.0, 0.7])
     parser.add_argument("--parts", type=int, default=2, help="interleaved parts of c requests per level")
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="new tokens per request")
+    parser.add_argument(
+        "--texts",
+        type=int,
+        default=TEXTS,
+        help="at T > 0, sampled texts per configuration in a part: each prompt runs with ceil(texts / c) seeds, "
+        "the same for every configuration (1: one seed per prompt)",
+    )
     parser.add_argument("--no-llamacpp", action="store_true")
     parser.add_argument("--no-openvino", action="store_true")
     parser.add_argument("--openvino-targets", nargs="*", default=["gguf", "ir"], choices=["gguf", "ir"])
@@ -530,7 +585,14 @@ def main() -> int:
         compare_with_single_stream(args.compare, args.out / f"raw-{args.compare}.json")
         return 0
     if args.worker:
-        worker(args.worker, args.concurrency, args.temperatures, args.parts, args.out / f"raw-{args.worker}.json")
+        worker(
+            args.worker,
+            args.concurrency,
+            args.temperatures,
+            args.parts,
+            args.out / f"raw-{args.worker}.json",
+            args.texts,
+        )
         return 0
     if args.only_llamacpp or args.only_openvino:  # one peer measured again, the rest of <out>/batch.json kept
         data = json.loads((args.out / "batch.json").read_text())
@@ -557,7 +619,7 @@ def main() -> int:
     for target in args.targets:
         cmd = [sys.executable, __file__, "--worker", target, "--out", str(args.out), "--concurrency"]
         cmd += [str(c) for c in args.concurrency] + ["--temperatures"] + [str(t) for t in args.temperatures]
-        cmd += ["--parts", str(args.parts), "--new-tokens", str(NEW_TOKENS)]
+        cmd += ["--parts", str(args.parts), "--new-tokens", str(NEW_TOKENS), "--texts", str(args.texts)]
         raw = args.out / f"raw-{target}.json"
         raw.unlink(missing_ok=True)
         if subprocess.run(cmd).returncode:  # what it wrote before it died is reported, and said to be partial
