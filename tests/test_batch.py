@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 
@@ -645,7 +644,7 @@ def test_a_batch_probes_the_rows_its_ceiling_keeps_from_drafting():
     probes come back fully accepted; a
     rejection makes the next probe wait 8 rounds, 16, 32... No probe where it could not pay even at 95%
     (eight rows of dear passes), nor where the catch-ups it makes rows pay exceed the probe's budget of the
-    plain decoding left, nor while a failed probe's catch-up is still owed; fixed-k rows keep their k."""
+    plain decoding left; fixed-k rows keep their k."""
     from specrt.tuning.batchcost import BatchCost
     from specrt.tuning.profile import BatchProfile
 
@@ -672,25 +671,6 @@ def test_a_batch_probes_the_rows_its_ceiling_keeps_from_drafting():
     behind = {"catch_up": [30.0, 30.0]}  # each row's draft has output tokens to catch up on
     assert not any(map(any, rounds(BatchCost(target, draft), 2, 20, left=40, **behind)))  # over 2% of 40 rounds
     assert any(map(any, rounds(BatchCost(target, draft), 2, 20, left=1000, **behind)))  # within 2% of 1000
-
-    # Each probe within its budget, probe after probe still cost a batch more than the budget: a failed probe's
-    # catch-up, as measured, is owed, and rounds pay it off at 2% of their time before the next probe that has
-    # anything to catch up on (one that has nothing, e.g. right after a fully accepted probe, runs at once).
-    def owing(catch_up_ms: float, n: int = 200) -> list[int]:
-        cost, ran = BatchCost(target, draft), []
-        for i in range(n):
-            choice = cost.choose([3] * 2, [poor] * 2, [False] * 2, [True] * 2, left=1000, **behind)
-            ran += [i] if any(choice.ks) else []
-            spent = catch_up_ms if choice.probed else 0.0
-            measured = cost.round_ms(choice.ks)  # as priced: nothing else to learn
-            cost.observe(choice, choice.ks, [True] * 2, None, measured, [0, 0], None, spent)
-        return ran
-
-    assert owing(0.0)[:4] == [0, 8, 24, 56]  # nothing measured: the schedule as before
-    plain = BatchCost(target, draft).round_ms([0, 0])  # 14 ms: each plain round pays off 0.28 ms
-    gap = math.ceil(13.0 / (0.02 * plain)) + 1  # 13 ms owed: 47 plain rounds to pay it off, then the probe
-    assert owing(13.0) == [0, gap, 2 * gap, 3 * gap], (owing(13.0), gap)  # not 8, 16, 32 rounds apart
-    assert owing(1000.0) == [0]  # 1 s owed: not paid off within 200 rounds
     fixed = BatchCost(target, draft).choose([3, 0], [poor] * 2, [False, True], [True] * 2)  # row 1: fixed k = 0
     assert fixed.ks == [1, 0] and fixed.probed == (0,)
     # A row that chose not to draft at all joins the probe (the pass is widened for it anyway); with no row
@@ -724,7 +704,7 @@ def test_a_batch_whose_rows_start_pessimistic_finds_out_that_drafting_pays(zoo):
     engine.tuning.priors[MODEL] = AcceptanceEstimate(prior=0.1)  # the last request's: drafting does not pay
     cost = engine.scheduler.batch_cost = BatchCost(*_compute_bound_profiles())
     observe = cost.observe
-    cost.observe = lambda choice, drafted, drafting, context, ms, accepted, span, catch_up: observe(
+    cost.observe = lambda choice, drafted, drafting, context, ms, accepted, span: observe(
         choice, drafted, drafting, context, accepted=accepted, span=span
     )  # its decisions, not the toy models' timings
     jobs = [(p, GenerationOptions(max_new_tokens=48, ignore_eos=True)) for p in prompts(2)]
@@ -768,7 +748,7 @@ def test_a_burst_does_not_start_drafting_while_its_prompts_are_still_prefilling(
     scheduler, draft = engine.scheduler, engine.scheduler.runner.draft
     cost = scheduler.batch_cost = BatchCost(*_compute_bound_profiles(per_position=0.1))  # width nearly free
     observe = cost.observe
-    cost.observe = lambda choice, drafted, drafting, context, ms, accepted, span, catch_up: observe(
+    cost.observe = lambda choice, drafted, drafting, context, ms, accepted, span: observe(
         choice, drafted, drafting, context, accepted=accepted, span=span
     )  # its decisions, not the toy models' timings
     rounds = []  # per drafting round: whether a request was prefilling, and the farthest a drafting row was behind

@@ -179,8 +179,7 @@ class Scheduler:
             drafted, model = [len(p.proposal.tokens) for p in plans], [p.drafter == MODEL for p in plans]
             round_ms = draft_ms - self.runner.catch_up_ms + target_ms
             accepted = [n for n, _ in decided]
-            catch_up = self.runner.catch_up_ms
-            self.batch_cost.observe(batch, drafted, model, context, round_ms, accepted, span, catch_up)
+            self.batch_cost.observe(batch, drafted, model, context, round_ms, accepted, span)
         self.stats.rounds += 1
         self.stats.batch_sizes[len(rows)] += 1
         for r, p, (n, nxt) in zip(rows, plans, decided, strict=True):

@@ -53,9 +53,7 @@ dearer with every plain round (each adds a token to every row's catch-up, about 
 0.5B draft), so the batch's schedule is not a row's: the first probe comes at the first such round after a
 row joins the batch, the next at once while probes come back fully accepted (a run of them teaches an
 estimate what one cannot, and costs no catch-up), `probe_after` rounds after a rejection, doubling to
-`max_backoff` while they fail. And a failed probe's catch-up, as measured, is owed (`probe_debt`): the rounds
-pay it off at `probe_budget` of their time before the next probe with anything to catch up on runs, so failed
-probes cost about that share of the batch's time in all, not that share of what is left at every probe.
+`max_backoff` while they fail.
 
 The profile is corrected from the rounds the batch runs: per pass shape, the slots it computes B and its width
 W, the measured time of its rounds against the profile's prediction, smoothed (`ratios`). One ratio for all
@@ -134,7 +132,6 @@ class BatchCost:
     history: list[int] = field(default_factory=list)  # K per batched round (for the no-flapping check)
     starved_rounds: int = 0  # rounds since the last probe that kept rows wanting to draft from drafting
     wait: int = 1  # such rounds before the next probe (see the module docstring)
-    probe_debt: float = 0.0  # ms failed probes' catch-ups spent past probe_budget of the batch's time (`observe`)
 
     def __post_init__(self) -> None:
         if isinstance(self.target, BatchProfile):
@@ -274,7 +271,7 @@ class BatchCost:
             for k in range(1, max(can) + 1):
                 ks = [min(c, k) if c else x for c, x in zip(can, chosen, strict=True)]
                 if rate(ks, hoped, switching=False) > bar:
-                    if switching_ms(ks) <= budget and (self.probe_debt <= 0 or not switching_ms(ks)):
+                    if switching_ms(ks) <= budget:
                         probed = tuple(r for r, c in enumerate(can) if c)
                         return BatchChoice(best, ks, probed=probed, starved=True, riders=riding(chosen, best))
                     break  # wider probes pay the same catch-ups
@@ -321,20 +318,18 @@ class BatchCost:
         measured_ms: float = 0.0,
         accepted: Sequence[int] = (),
         span: int | None = None,
-        catch_up_ms: float = 0.0,
     ) -> None:
         """A batched round ran under `choice`, drafted `drafted[r]` tokens per row (early stops may draft
-        fewer than chosen) and had `accepted[r]` of them accepted, in `measured_ms` (its drafts' catch-up on
-        what they missed before it, `catch_up_ms`, apart): its ceiling is now the one in force; a probe whose
-        drafts were all accepted makes the next one come as soon as the policy allows, one with a rejection
-        doubles the wait and owes its catch-up (`probe_debt`); its time against the profile's sets the ratio of
-        its pass shape (slots, width): none from the engine's first round of a shape (a cold run), the first
-        timing after it as measured, later ones weighted by how long the shape went untimed (`decay` per round:
-        a shape running every round is smoothed, one disturbed round must not swing the choice) and by at most
+        fewer than chosen) and had `accepted[r]` of them accepted, in `measured_ms`: its ceiling is now the
+        one in force; a probe whose drafts were all accepted makes the next one come as soon as the policy
+        allows, one with a rejection doubles the wait; its time against the profile's sets the ratio of its
+        pass shape (slots, width): none from the engine's first round of a shape (a cold run), the first timing
+        after it as measured, later ones weighted by how long the shape went untimed (`decay` per round: a
+        shape running every round is smoothed, one disturbed round must not swing the choice) and by at most
         2x of itself."""
         if not choice.explore:
             self.ceiling = choice.ceiling
-        self._schedule_probes(choice, drafted, accepted, catch_up_ms, measured_ms)
+        self._schedule_probes(choice, drafted, accepted)
         self.history.append(choice.ceiling)
         del self.history[:-1000]
         self.rounds += 1
@@ -363,30 +358,15 @@ class BatchCost:
         so the next round that keeps rows from drafting probes."""
         self.wait, self.starved_rounds = 1, 0
 
-    def _schedule_probes(
-        self,
-        choice: BatchChoice,
-        drafted: Sequence[int],
-        accepted: Sequence[int],
-        catch_up_ms: float = 0.0,
-        measured_ms: float = 0.0,
-    ) -> None:
+    def _schedule_probes(self, choice: BatchChoice, drafted: Sequence[int], accepted: Sequence[int]) -> None:
         """The probing schedule (module docstring): starved rounds count towards the next probe; a probe's
         outcome sets the wait; rows drafting without a probe mean drafting pays on its own evidence, and the
-        next dry spell starts with its drafts caught up, so it is probed at once. A failed probe's catch-up, as
-        measured (its prompts' too), is a debt every round pays off at `probe_budget` of its time; while any is
-        owed, only a probe priced with nothing to catch up runs (after a fully accepted probe or drafting rounds;
-        or rows that just joined, whose prompts are the entry fee any drafting pays). The budget was per probe,
-        and probe after probe each within it cost a batch more: int4 pair, 4 rows at T = 0.7, 1.19 s of
-        catch-up in a 16 s part, auto at 0.88 of plain batching (results/trust/batch-bookkeeping)."""
-        self.probe_debt = max(self.probe_debt - self.policy.probe_budget * (measured_ms + catch_up_ms), 0.0)
+        next dry spell starts with its drafts caught up, so it is probed at once."""
         if choice.probed:  # (only under a policy that probes)
             self.starved_rounds = 0
             full = bool(accepted) and all(accepted[r] == drafted[r] for r in choice.probed)
             after, most = self.policy.probe_after, self.policy.max_backoff
             self.wait = 1 if full else min(max(2 * self.wait, after), most)
-            if not full:
-                self.probe_debt += catch_up_ms
         elif choice.starved:
             self.starved_rounds += 1
         elif any(drafted):
