@@ -128,7 +128,8 @@ def seeds_per_part(concurrency: int, temperature: float, texts: int) -> int:
 
 
 def join_runs(runs: list[dict]) -> dict:
-    """One configuration's runs of a part (one per seed) as one part: requests pooled, walls and counts added."""
+    """Runs of one configuration as one (a part's seeds, or a level's parts): requests pooled, walls and the
+    rounds per k and batch sizes added up."""
     joined: dict = {"results": [], "wall": 0.0, "k_chosen": {}, "batch_sizes": {}}
     for run in runs:
         joined["results"] += run["results"]
@@ -142,17 +143,10 @@ def join_runs(runs: list[dict]) -> dict:
 def merge_parts(parts: list[dict]) -> dict:
     """One configuration's parts of a level as one row: the summary over all its requests (wall times
     summed), the rounds per k and batch sizes added up, and each part's total tokens/s."""
-    ks: dict[int, int] = {}
-    sizes: dict[int, int] = {}
-    for part in parts:
-        for k, v in part["k_chosen"].items():
-            ks[k] = ks.get(k, 0) + v
-        for b, v in part["batch_sizes"].items():
-            sizes[b] = sizes.get(b, 0) + v
-    row = summary([r for p in parts for r in p["results"]], sum(p["wall"] for p in parts))
-    return row | {
-        "k_chosen": {k: v for k, v in sorted(ks.items()) if v},
-        "batch_sizes": {b: v for b, v in sorted(sizes.items()) if v},
+    joined = join_runs(parts)
+    return summary(joined["results"], joined["wall"]) | {
+        "k_chosen": {k: v for k, v in sorted(joined["k_chosen"].items()) if v},
+        "batch_sizes": {b: v for b, v in sorted(joined["batch_sizes"].items()) if v},
         "parts_tokens_per_s": [sum(r["tokens"] for r in p["results"]) / p["wall"] for p in parts],
     }
 
@@ -519,7 +513,6 @@ def auto_table(rows: list[dict], levels: list[int]) -> list[str]:
         told = ", ".join(f"c={c}: {n}" for (_, c), n in sorted(seeds.items()))
         md.append(f"Seeds per prompt at T > 0 (the same for every configuration; a part's run pools them): {told}.")
     return md + [""]
-    return md
 
 
 def chart(rows: list[dict], path: Path) -> None:
