@@ -209,18 +209,35 @@ def llama_servers(args, bin_dir: Path | None, concurrency: int) -> list[tuple[st
     ]
 
 
-def alternate(args, urls: dict[str, str], c: int) -> dict[str, tuple[list, float]]:
+class ServerDied(RuntimeError):
+    """A server of the suite exited while its requests ran (its level's figures would be failures, not speed)."""
+
+
+def died(name: str, proc: subprocess.Popen) -> ServerDied | None:
+    """Why the server has exited, in one line (None: it runs). Killed by signal 9 with nobody asking is, on a
+    machine without swap, almost always the kernel's out-of-memory killer: every specrt server holds its KV
+    slots resident from load (--max-batch x max_seq_len positions, both models)."""
+    code = proc.poll()
+    if code is None:
+        return None
+    why = " (SIGKILL: most likely out of memory; fewer KV slots: --concurrency up to 8)" if code == -9 else ""
+    return ServerDied(f"{name} (pid {proc.pid}) exited with code {code}{why}")
+
+
+def alternate(args, servers: dict[str, tuple[subprocess.Popen, str]], c: int) -> dict[str, tuple[list, float]]:
     """One level, interleaved: max(rounds x c, --requests) requests split into --rounds parts (every part keeps
-    c streams busy), every server (name -> URL) taking each part in turn, the order reversed every other part.
-    Per server: results and wall time."""
+    c streams busy), every server (name -> (process, URL)) taking each part in turn, the order reversed every
+    other part. Per server: results and wall time. ServerDied where a server exits during its part."""
     n = max(args.rounds * c, args.requests)
     parts = [n // args.rounds + (1 if i < n % args.rounds else 0) for i in range(args.rounds)]
-    done: dict[str, tuple[list, float]] = {name: ([], 0.0) for name in urls}
+    done: dict[str, tuple[list, float]] = {name: ([], 0.0) for name in servers}
     first = 0
     for rnd, part in enumerate(p for p in parts if p):
-        for name in kit.interleave(urls, rnd):
-            args.url = urls[name]
+        for name in kit.interleave(servers, rnd):
+            proc, args.url = servers[name]
             results, wall = run_requests(args, c, part, first)
+            if (error := died(name, proc)) is not None:
+                raise error
             done[name] = (done[name][0] + results, done[name][1] + wall)
         first += part
     return done
@@ -232,7 +249,10 @@ def suite(args) -> list[dict]:
     for each level (-np c); a level's requests are split into `--rounds` parts and every server takes each
     part in turn (order reversed every other part), so that this machine's drift falls on all of them alike.
     Every server gets the same requests (prompt i, seed + i) and one untimed warm-up: a server started cold
-    whose first `--cold-burst` requests arrive together (its costs must be ready without a quiet moment)."""
+    whose first `--cold-burst` requests arrive together (its costs must be ready without a quiet moment).
+    Each specrt server holds KV slots for the largest level from load, both models' (native pair at 16 slots:
+    7.8 GiB resident a server, 23 GiB for the three); a server that dies (the out-of-memory killer) stops the
+    suite at that level, the levels before it reported."""
     rows = []
     levels = args.concurrency
     if 1 in levels:
@@ -267,7 +287,12 @@ def suite(args) -> list[dict]:
             for name, cmd in per_level:
                 launch(name, cmd)
             names = [name for name, _ in fixed] + [name for name, _ in per_level]
-            done = alternate(args, {name: servers[name][1] for name in names}, c)
+            try:
+                done = alternate(args, {name: servers[name] for name in names}, c)
+            except ServerDied as e:  # the levels measured so far stand; this one's would be failures
+                kit.log(f"stopped at concurrency {c}: {e}")
+                rows.append({"config": "stopped", "concurrency": c, "error": str(e)})
+                break
             for name in names:
                 row = summarize(*done[name])
                 rows.append({"config": name, "concurrency": c} | row)
@@ -293,7 +318,7 @@ def report(rows: list[dict], command: str) -> str:
     md.append("|---" * 9 + "|")
     for r in rows:
         if "requests" not in r:
-            continue  # the bare-engine reference: in the comparisons below
+            continue  # the bare-engine reference and a stop: in the lines below
         acc = "-" if r.get("acceptance") is None else f"{100 * r['acceptance']:.0f}%"
         md.append(
             f"| {r.get('config', '-')} | {r.get('concurrency', r.get('rate', '-'))} | {r['requests_per_s']:.2f} | "
@@ -337,6 +362,9 @@ def comparisons(rows: list[dict]) -> list[str]:
             f"- TTFT p50 at concurrency 1: served {served['ttft_p50']:.3f} s, bare engine.generate "
             f"{bare['ttft_p50']:.3f} s: {ratio:.2f}x"
         )
+    for r in rows:
+        if r["config"] == "stopped":
+            out.append(f"- **Stopped at concurrency {r['concurrency']}**: {r['error']}; later levels not run")
     return out
 
 
@@ -381,7 +409,8 @@ def main() -> int:
     parser.add_argument(
         "--no-llamacpp",
         action="store_true",
-        help="suite: specrt servers only (at 16 streams two llama-servers and three specrt servers need over 23 GiB)",
+        help="suite: specrt servers only (each specrt server holds its KV slots from load: at 16 streams the three"
+        " native ones take 23 GiB, with two llama-servers more)",
     )
     parser.add_argument("--out", type=Path, default=kit.ROOT / "results/serve")
     args = parser.parse_args()
@@ -404,7 +433,7 @@ def main() -> int:
             rows = [{"config": f"soak {args.requests} requests", "concurrency": args.concurrency[0]} | soak(args)]
     md = report(rows, command)
     kit.write_outputs(args.out, args.mode, md, {"command": command, "rows": rows}, lambda path: chart(rows, path))
-    return 0
+    return 1 if any(r["config"] == "stopped" for r in rows) else 0
 
 
 if __name__ == "__main__":
