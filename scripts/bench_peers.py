@@ -23,6 +23,9 @@ of specrt's tokenizer, which encodes exactly as transformers' GGUF tokenizer doe
   specrt-int4-ngram        specrt int4 target with prompt lookup (n-gram) drafting, auto k
   specrt-fp32-both         specrt fp32 target with n-gram and int4 draft model, auto k (per round, the
   specrt-int4-both         drafter whose cost model promises more tokens/s drafts)
+--profile-x T D runs the specrt configurations on bundles as an export on a busy machine leaves them: hard-linked
+copies whose stored step-cost profiles are T (target) and D (draft) times too slow (scripts/busy_bundles.py, in a
+temporary folder; what the engine measures again and stores goes there, never into engines/).
 Each configuration runs in its own process, so its peak RSS (os.wait4) is its own. Output in --out:
 results.json, results.md (the tables) and results.png (tokens/s per prompt).
 --reuse CONFIG... takes those configurations' measurements from an earlier run in the same --out (its
@@ -45,6 +48,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -288,16 +292,26 @@ def worker_llamacpp(prompts: list[dict], n: int, repeats: int, ks: list[int]) ->
     return rows
 
 
-def worker_specrt(prompts: list[dict], n: int, repeats: int, name: str) -> tuple[list[dict], dict]:
+def worker_specrt(
+    prompts: list[dict], n: int, repeats: int, name: str, profile_x: list[float] | None = None
+) -> tuple[list[dict], dict]:
     import specrt
     from specrt.bench import run_bench
     from specrt.prompts import Prompt
 
     target, drafters, ks = SPECRT[name]
-    draft = BUNDLES["draft-int4"] if "model" in drafters else None
-    engine = specrt.load(BUNDLES[f"target-{target}"], draft, ngram="ngram" in drafters)
-    plist = [Prompt(p["name"], p["text"], p["chat"], p["kind"]) for p in prompts]
-    result = run_bench(engine, plist, ks, n, repeats, warmup=1, log=lambda s: print(s, flush=True))
+    bundles = {"target": BUNDLES[f"target-{target}"], "draft": BUNDLES["draft-int4"]}
+    with tempfile.TemporaryDirectory(prefix="specrt-busy-") as tmp:
+        if profile_x:  # profiles as a busy machine's export leaves them (module docstring)
+            from busy_bundles import scaled_copy
+
+            factors = dict(zip(bundles, profile_x, strict=True))
+            bundles = {role: scaled_copy(path, factors[role], Path(tmp) / role) for role, path in bundles.items()}
+        draft = bundles["draft"] if "model" in drafters else None
+        engine = specrt.load(bundles["target"], draft, ngram="ngram" in drafters)
+        plist = [Prompt(p["name"], p["text"], p["chat"], p["kind"]) for p in prompts]
+        result = run_bench(engine, plist, ks, n, repeats, warmup=1, log=lambda s: print(s, flush=True))
+        engine.reset()  # waits out an idle moment's measuring, which would store profiles into the copies
     rows = []
     for r in result.rows:
         row = {k: v for k, v in r.__dict__.items() if k not in ("runs_tokens_per_s",)}
@@ -327,6 +341,7 @@ def run_worker(config: str, args, prompts_file: Path) -> dict:
         str(args.repeats),
         "--slow-repeats",
         str(args.slow_repeats),
+        *(["--profile-x", *map(str, args.profile_x)] if args.profile_x and config.startswith("specrt") else []),
     ]
     print(f"\n=== {config}", flush=True)
     t0 = time.perf_counter()
@@ -398,6 +413,14 @@ def main() -> int:
         action="store_true",
         help="rewrite results.md/png from the measurements already in --out/results.json (no new runs)",
     )
+    parser.add_argument(
+        "--profile-x",
+        nargs=2,
+        type=float,
+        metavar=("TARGET_X", "DRAFT_X"),
+        default=None,
+        help="specrt on bundles whose stored profiles are this many times too slow (a busy machine's export)",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prompts-json", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--raw", type=Path, default=None, help=argparse.SUPPRESS)
@@ -415,7 +438,7 @@ def main() -> int:
         elif args.worker in ov.PEER_TARGETS:
             result["rows"] = ov.worker_peers(args.worker, prompts, n, args.repeats)
         else:
-            result["rows"], result["step_ms"] = worker_specrt(prompts, n, args.repeats, args.worker)
+            result["rows"], result["step_ms"] = worker_specrt(prompts, n, args.repeats, args.worker, args.profile_x)
         result["peak_rss_gib"] = kit.peak_rss_gib()  # the child's own, kept in its raw file (so --reuse has it)
         args.raw.parent.mkdir(parents=True, exist_ok=True)
         args.raw.write_text(json.dumps(result))
